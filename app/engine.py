@@ -1,0 +1,197 @@
+"""The decode loop: draft, verify once, keep the accepted run, rewind the rest.
+
+`Engine.generate` yields a stream of frozen events that the UI, the CLI and the
+benchmark all consume. The engine never imports the UI.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence, Union
+
+import numpy as np
+
+from app.guessers import Guesser, NoGuesser
+from app.llm import Model
+from app.sampling import SamplingConfig, logits_to_probs
+from app.textstream import TextStream
+from app.verify import Verdict, verify, verify_greedy
+
+
+class Source(enum.Enum):
+    """Where an emitted token came from."""
+
+    PLAIN = "plain"  # a step that drafted nothing
+    DRAFT = "draft"  # a drafted token the target accepted
+    CORRECTION = "correction"  # the target's own token after a rejection
+    BONUS = "bonus"  # the target's extra token after every draft was accepted
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str  # the characters this token completed (may be "" mid UTF-8 sequence)
+    source: Source
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """The prompt was evaluated; `cached` of its tokens were reused from the previous turn."""
+
+    n_prompt: int
+    cached: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """One target step: the tokens it emitted and what the guess cost and gained."""
+
+    tokens: tuple[Token, ...]
+    text: str  # text released to the user (held back near a possible stop string)
+    drafted: int
+    accepted: int
+    draft_s: float
+    verify_s: float
+
+
+@dataclass(frozen=True)
+class Stats:
+    n_prompt: int = 0
+    cached: int = 0
+    prefill_s: float = 0.0
+    n_tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    @property
+    def decode_s(self) -> float:
+        return self.draft_s + self.verify_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.n_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def add_step(self, step: Step) -> "Stats":
+        return Stats(self.n_prompt, self.cached, self.prefill_s, self.n_tokens + len(step.tokens), self.steps + 1,
+                     self.drafted + step.drafted, self.accepted + step.accepted,
+                     self.draft_s + step.draft_s, self.verify_s + step.verify_s)
+
+
+@dataclass(frozen=True)
+class Done:
+    reason: str  # "eog", "max_tokens", "stop", "cancelled", "context_full"
+    text: str  # the whole answer
+    token_ids: tuple[int, ...]  # every generated token, the end-of-generation token included
+    stats: Stats
+
+
+Event = Union[Prefill, Step, Done]
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    max_tokens: int = 512
+    k: int | None = None  # draft length; None takes the guesser's default
+    stop: tuple[str, ...] = ()
+
+
+class Engine:
+    """A target model and a guesser. Batch 1; not thread-safe: one generation at a time."""
+
+    def __init__(self, target: Model, guesser: Guesser | None = None) -> None:
+        self.target = target
+        self.guesser: Guesser = guesser or NoGuesser()
+
+    def generate(self, prompt: Sequence[int], config: GenerationConfig = GenerationConfig(),
+                 cancel: threading.Event | None = None) -> Iterator[Event]:
+        if not prompt:
+            raise ValueError("the prompt must hold at least one token")
+        sampling = config.sampling
+        rng = np.random.default_rng(sampling.seed)
+        k_max = self.guesser.default_k if config.k is None else config.k
+        session = self.target.session
+        text = TextStream(config.stop)
+
+        t0 = time.perf_counter()
+        # The last prompt token stays pending: the first step evaluates it with the guesses.
+        cached = min(session.common_prefix(prompt), len(prompt) - 1)
+        session.rewind(cached)
+        if len(prompt) - 1 > cached:
+            session.decode(prompt[cached:-1], "none")
+        self.guesser.prepare(prompt)
+        stats = Stats(n_prompt=len(prompt), cached=cached, prefill_s=time.perf_counter() - t0)
+        yield Prefill(len(prompt), cached, stats.prefill_s)
+
+        context = list(prompt)
+        generated: list[int] = []
+        answer: list[str] = []
+        reason = "max_tokens"
+        while len(generated) < config.max_tokens:
+            if cancel is not None and cancel.is_set():
+                reason = "cancelled"
+                break
+            room = self.target.n_ctx - len(context)
+            if room <= 0:
+                reason = "context_full"
+                break
+            k = max(0, min(k_max, config.max_tokens - len(generated) - 1, room - 1))
+            t_draft = time.perf_counter()
+            proposal = self.guesser.propose(context, k, sampling, rng)
+            t_verify = time.perf_counter()
+            verdict = self._verify(context[-1], proposal.tokens, proposal.probs, sampling, rng)
+            # Keep the pending token and the accepted run; the rest of the batch is rewound.
+            session.rewind(len(context) + verdict.n_accepted)
+            t_end = time.perf_counter()
+
+            new = proposal.tokens[:verdict.n_accepted] + [verdict.token]
+            sources = [Source.DRAFT] * verdict.n_accepted + [_last_source(verdict, len(proposal.tokens))]
+            tokens = []
+            for tok, src in zip(new, sources):
+                generated.append(tok)
+                if self.target.is_eog(tok):
+                    reason = "eog"
+                    break
+                tokens.append(Token(tok, text.decode(self.target.piece(tok)), src))
+            context.extend(new)
+            released = text.push("".join(t.text for t in tokens))
+            answer.append(released)
+            step = Step(tuple(tokens), released, len(proposal.tokens), verdict.n_accepted,
+                        t_verify - t_draft, t_end - t_verify)
+            stats = stats.add_step(step)
+            yield step
+            if reason == "eog":
+                break
+            if text.stopped:
+                reason = "stop"
+                break
+        answer.append(text.flush())
+        yield Done(reason, "".join(answer), tuple(generated), stats)
+
+    def _verify(self, pending: int, draft: list[int], draft_probs: np.ndarray | None,
+                sampling: SamplingConfig, rng: np.random.Generator) -> Verdict:
+        logits = self.target.session.decode([pending, *draft], "all")  # (k+1, V)
+        if sampling.greedy:
+            return verify_greedy(draft, logits.argmax(-1))
+        return verify(draft, draft_probs, logits_to_probs(logits, sampling), rng)
+
+
+def _last_source(verdict: Verdict, n_drafted: int) -> Source:
+    if n_drafted == 0:
+        return Source.PLAIN
+    return Source.BONUS if verdict.bonus(n_drafted) else Source.CORRECTION

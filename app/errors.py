@@ -1,0 +1,5 @@
+"""The one exception type users see: a single line that says what is wrong and what to do."""
+
+
+class SpecchatError(Exception):
+    """An error caused by input or environment, reported as one line without a traceback."""

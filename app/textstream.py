@@ -1,0 +1,55 @@
+"""Turning token bytes into text: UTF-8 characters split across tokens, and stop strings."""
+
+from __future__ import annotations
+
+import codecs
+from typing import Sequence
+
+
+class TextStream:
+    """Feed each token's bytes; get back the text that is safe to show.
+
+    Text that could be the beginning of a stop string is held back until it is not, so a
+    stop string never flashes on screen and is never part of the answer.
+    """
+
+    def __init__(self, stop: Sequence[str] = ()) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stop = [s for s in stop if s]
+        self._held = ""
+        self.stopped = False
+
+    def decode(self, piece: bytes) -> str:
+        """The characters this token completes (empty while a character is still split)."""
+        return self._decoder.decode(piece)
+
+    def push(self, text: str) -> str:
+        """Add decoded text; return what can be released now. Sets `stopped` on a stop string."""
+        if self.stopped:
+            return ""
+        self._held += text
+        cut = min((i for i in (self._held.find(s) for s in self._stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            out, self._held = self._held[:cut], ""
+            return out
+        keep = max((_overlap(self._held, s) for s in self._stop), default=0)
+        out = self._held[: len(self._held) - keep]
+        self._held = self._held[len(out):]
+        return out
+
+    def flush(self) -> str:
+        """End of generation: release held text and any incomplete character (as U+FFFD)."""
+        if self.stopped:
+            return ""
+        out = self._held + self._decoder.decode(b"", final=True)
+        self._held = ""
+        return out
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of stop."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0

@@ -1,0 +1,71 @@
+"""The acceptance rule of speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+Pure functions over arrays with the random generator passed in, so that tests can check
+exactness by sampling with a fixed seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from app.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`n_accepted` drafted tokens were kept, then `token` (a correction, or the bonus)."""
+
+    n_accepted: int
+    token: int
+
+    def bonus(self, n_drafted: int) -> bool:
+        return self.n_accepted == n_drafted
+
+
+def verify(
+    draft_tokens: Sequence[int],
+    draft_probs: np.ndarray | None,
+    target_probs: np.ndarray,
+    rng: np.random.Generator,
+) -> Verdict:
+    """Accept each drafted x with probability min(1, p(x)/q(x)); on the first rejection,
+    sample from normalize(max(0, p - q)) and stop; if all k pass, sample the bonus from p[k].
+
+    target_probs: (k+1, V), the target's distribution before each drafted token and after
+    the last. draft_probs: (k, V) the draft's distributions, or None when the proposals are
+    deterministic (prompt lookup), i.e. point masses: then acceptance is p(x) and the
+    residual is p with x removed.
+    """
+    k = len(draft_tokens)
+    assert target_probs.shape[0] == k + 1, (target_probs.shape, k)
+    for i, x in enumerate(draft_tokens):
+        p = target_probs[i]
+        q_x = 1.0 if draft_probs is None else draft_probs[i, x]
+        # p >= q accepts with certainty: skip the draw so that greedy runs consume no randomness.
+        if p[x] >= q_x or rng.random() * q_x < p[x]:
+            continue
+        return Verdict(i, sample(_residual(p, None if draft_probs is None else draft_probs[i], x), rng))
+    return Verdict(k, sample(target_probs[k], rng))
+
+
+def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> Verdict:
+    """Temperature 0: a drafted token is accepted iff it is the target's argmax."""
+    for i, x in enumerate(draft_tokens):
+        if x != target_argmax[i]:
+            return Verdict(i, int(target_argmax[i]))
+    return Verdict(len(draft_tokens), int(target_argmax[len(draft_tokens)]))
+
+
+def _residual(p: np.ndarray, q: np.ndarray | None, x: int) -> np.ndarray:
+    if q is None:
+        residual = p.copy()
+        residual[x] = 0.0
+    else:
+        residual = np.maximum(p - q, 0.0)
+    total = residual.sum()
+    # Only reachable through rounding (a rejection implies p(x) < q(x), so mass exists above q);
+    # falling back to p keeps the step well defined.
+    return residual / total if total > 0 else p
