@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,11 @@ from typing import Any
 from app.errors import SpecchatError
 
 DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "models.toml"
+
+
+def catalog_path() -> Path:
+    """SPECCHAT_CATALOG points at another catalog (a user's own, or a test's)."""
+    return Path(os.environ.get("SPECCHAT_CATALOG") or DEFAULT_CATALOG)
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,8 @@ class Catalog:
         return self.pairs[name]
 
 
-def load_catalog(path: Path = DEFAULT_CATALOG) -> Catalog:
+def load_catalog(path: Path | None = None) -> Catalog:
+    path = path or catalog_path()
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

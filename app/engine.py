@@ -15,7 +15,7 @@ from typing import Iterator, Sequence, Union
 import numpy as np
 
 from app.guessers import Guesser, NoGuesser
-from app.llm import Model
+from app.llm import ContextFull, Model
 from app.sampling import SamplingConfig, logits_to_probs
 from app.textstream import TextStream
 from app.verify import Verdict, verify, verify_greedy
@@ -67,6 +67,7 @@ class Stats:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    rejections: int = 0  # steps that ended on a rejected guess
     draft_s: float = 0.0
     verify_s: float = 0.0
 
@@ -84,11 +85,20 @@ class Stats:
 
     @property
     def acceptance(self) -> float:
+        """The fraction of drafted tokens that were kept."""
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Per-position acceptance: a guess is judged only up to the first rejection, so this,
+        not `acceptance`, is the alpha of the (1 - alpha^(k+1)) / (1 - alpha) formula."""
+        judged = self.accepted + self.rejections
+        return self.accepted / judged if judged else 0.0
 
     def add_step(self, step: Step) -> "Stats":
         return Stats(self.n_prompt, self.cached, self.prefill_s, self.n_tokens + len(step.tokens), self.steps + 1,
                      self.drafted + step.drafted, self.accepted + step.accepted,
+                     self.rejections + (step.accepted < step.drafted),
                      self.draft_s + step.draft_s, self.verify_s + step.verify_s)
 
 
@@ -122,6 +132,9 @@ class Engine:
                  cancel: threading.Event | None = None) -> Iterator[Event]:
         if not prompt:
             raise ValueError("the prompt must hold at least one token")
+        if len(prompt) >= self.target.n_ctx:
+            raise ContextFull(f"the prompt is {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
+                              "shorten it or raise --ctx")
         sampling = config.sampling
         rng = np.random.default_rng(sampling.seed)
         k_max = self.guesser.default_k if config.k is None else config.k

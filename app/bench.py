@@ -1,0 +1,94 @@
+"""Plain against speculative decoding, side by side in one process, on a prompt set.
+
+For each prompt and repeat, plain decoding and every chosen guesser run back to back, so
+that machine noise hits them alike; speedups are ratios within the same repeat, and the
+reported figures are medians over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+from app.chat import ChatPrompter, Message
+from app.engine import Done, Engine, GenerationConfig, Stats
+from app.guessers import Guesser, NoGuesser
+from app.measure import tokens_per_step_formula
+from app.runtime import ModelChoice, load_target, make_guesser, model_paths
+from app.workload import load_prompts
+
+
+def _run(engine: Engine, prompt: list[int], config: GenerationConfig) -> Stats:
+    for event in engine.generate(prompt, config):
+        if isinstance(event, Done):
+            return event.stats
+    raise AssertionError("generate ended without Done")
+
+
+def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationConfig) -> int:
+    if args.repeat < 1:
+        from app.errors import SpecchatError
+
+        raise SpecchatError(f"--repeat must be at least 1, got {args.repeat}")
+    prompts = load_prompts(args.prompts)
+    target_path, draft_path = model_paths(choice)
+    target = load_target(target_path, choice)
+    guessers: dict[str, Guesser] = {"plain": NoGuesser()}
+    guessers.update({name: make_guesser(name, target, draft_path, choice) for name in args.guesser})
+    engine, prompter = Engine(target), ChatPrompter(target)
+    # runs[task][guesser][repeat] -> list of Stats over that task's prompts
+    runs: dict[str, dict[str, list[list[Stats]]]] = defaultdict(
+        lambda: {g: [[] for _ in range(args.repeat)] for g in guessers})
+    for n, (task, text) in enumerate(prompts, 1):
+        prompt = prompter.tokens([Message("user", text)])
+        for rep in range(args.repeat):
+            for name, guesser in guessers.items():
+                engine.guesser = guesser
+                runs[task][name][rep].append(_run(engine, prompt, config))
+        print(f"  prompt {n}/{len(prompts)} ({task}) done", file=sys.stderr)
+
+    report: dict[str, dict[str, dict[str, float]]] = {}
+    for task, by_guesser in runs.items():
+        plain_tps = [_tps(r) for r in by_guesser["plain"]]
+        report[task] = {}
+        for name, reps in by_guesser.items():
+            pooled = [s for rep in reps for s in rep]
+            total = _total(pooled)
+            k = config.k if config.k is not None else guessers[name].default_k
+            tps = [_tps(r) for r in reps]
+            report[task][name] = {
+                "acceptance": total.acceptance,
+                "alpha": total.alpha,
+                "tokens_per_step": total.tokens_per_step,
+                "formula_tokens_per_step": tokens_per_step_formula(total.alpha, k),
+                "k": k,
+                "tokens_per_s": statistics.median(tps),
+                "speedup_vs_plain": statistics.median(t / p for t, p in zip(tps, plain_tps)),
+            }
+    _print_bench(report, target.name, args.repeat)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _total(stats: list[Stats]) -> Stats:
+    return Stats(n_tokens=sum(s.n_tokens for s in stats), steps=sum(s.steps for s in stats),
+                 drafted=sum(s.drafted for s in stats), accepted=sum(s.accepted for s in stats),
+                 rejections=sum(s.rejections for s in stats))
+
+
+def _tps(stats: list[Stats]) -> float:
+    seconds = sum(s.decode_s for s in stats)
+    return sum(s.n_tokens for s in stats) / seconds if seconds else 0.0
+
+
+def _print_bench(report: dict[str, dict[str, dict[str, float]]], target: str, repeat: int) -> None:
+    print(f"target {target}; medians of {repeat} side-by-side runs")
+    print(f"{'task':10}{'guesser':9}{'k':>4}{'acceptance':>12}{'alpha':>7}{'tok/step':>10}{'formula':>9}{'tok/s':>8}{'speedup':>9}")
+    for task, rows in report.items():
+        for name, r in rows.items():
+            print(f"{task:10}{name:9}{r['k']:>4}{r['acceptance']:>12.3f}{r['alpha']:>7.3f}{r['tokens_per_step']:>10.2f}"
+                  f"{r['formula_tokens_per_step']:>9.2f}{r['tokens_per_s']:>8.1f}{r['speedup_vs_plain']:>8.2f}x")

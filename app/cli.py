@@ -1,0 +1,186 @@
+"""The `specchat` command line. Errors are one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from app.errors import SpecchatError
+from app.runtime import GUESSERS, ModelChoice
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(args.run(args) or 0)
+    except SpecchatError as e:
+        print(f"specchat: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specchat: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specchat", description="Local chat with exact speculative decoding.")
+    sub = p.add_subparsers(dest="command")
+
+    g = sub.add_parser("generate", help="answer one prompt (the answer on stdout, stats on stderr)")
+    g.add_argument("prompt")
+    g.add_argument("--system", default=None, help="a system message")
+    _model_args(g)
+    _sampling_args(g)
+    g.set_defaults(run=_generate)
+
+    b = sub.add_parser("bench", help="plain vs speculative decoding on a prompt set, side by side")
+    b.add_argument("--prompts", type=Path, required=True, help="JSONL of {task, prompt}")
+    b.add_argument("--json", type=Path, default=None, help="write the report here")
+    b.add_argument("--repeat", type=int, default=3, help="runs per prompt and guesser; medians are reported")
+    _model_args(b, multi_guesser=True)
+    _sampling_args(b, max_tokens=120)
+    b.set_defaults(run=_bench)
+
+    m = sub.add_parser("measure", help="acceptance measurements of a pair (the reference's method)")
+    m.add_argument("--prompts", type=Path, required=True, help="JSONL of {task, prompt}")
+    m.add_argument("--json", type=Path, default=None, help="write the report here")
+    m.add_argument("--max-tokens", type=int, default=120)
+    m.add_argument("--seed", type=int, default=0)
+    _model_args(m, guesser=False)
+    m.set_defaults(run=_measure)
+
+    ls = sub.add_parser("models", help="list the catalog and what is on disk")
+    ls.set_defaults(run=_models)
+
+    pull = sub.add_parser("pull", help="fetch a model or a pair (all of the default pair if no name)")
+    pull.add_argument("name", nargs="?", default=None)
+    pull.set_defaults(run=_pull)
+    return p
+
+
+def _model_args(p: argparse.ArgumentParser, guesser: bool = True, multi_guesser: bool = False) -> None:
+    p.add_argument("--pair", default=None, help="a pair from models.toml (default: its default_pair)")
+    p.add_argument("--target", type=Path, default=None, help="a target GGUF file instead of a pair")
+    p.add_argument("--draft", type=Path, default=None, help="a draft GGUF file with the target's tokenizer")
+    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    if multi_guesser:
+        p.add_argument("--guesser", nargs="+", choices=GUESSERS[1:], default=["draft", "lookup"])
+    elif guesser:
+        p.add_argument("--guesser", choices=GUESSERS, default=None,
+                       help="default: draft when a draft model is available, else lookup")
+    if guesser:
+        p.add_argument("--k", type=int, default=None, help="draft length (default: 4 for draft, 10 for lookup)")
+
+
+def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 512) -> None:
+    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def _choice(args: argparse.Namespace) -> ModelChoice:
+    if args.ctx < 64:
+        raise SpecchatError(f"--ctx must be at least 64, got {args.ctx}")
+    return ModelChoice(args.pair, args.target, args.draft, args.ctx, args.threads)
+
+
+def _generation_config(args: argparse.Namespace):
+    from app.engine import GenerationConfig
+    from app.sampling import SamplingConfig
+
+    if args.max_tokens < 1:
+        raise SpecchatError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.k is not None and args.k < 0:
+        raise SpecchatError(f"--k must be >= 0, got {args.k}")
+    sampling = SamplingConfig(args.temp, args.top_k, args.top_p, args.min_p, args.seed)
+    return GenerationConfig(sampling, args.max_tokens, args.k)
+
+
+def _progress(what: str, done: int, total: int) -> None:
+    print(f"\r{what}: {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from app.chat import ChatPrompter, Message
+    from app.engine import Done, Engine, Step
+    from app.runtime import load_target, make_guesser, model_paths
+
+    config = _generation_config(args)
+    choice = _choice(args)
+    target_path, draft_path = model_paths(choice, progress=_progress)
+    target = load_target(target_path, choice)
+    name = args.guesser or ("draft" if draft_path else "lookup")
+    engine = Engine(target, make_guesser(name, target, draft_path, choice))
+    messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]
+    for event in engine.generate(ChatPrompter(target).tokens(messages), config):
+        if isinstance(event, Step) and event.text:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, Done):
+            if event.text and not event.text.endswith("\n"):
+                sys.stdout.write("\n")
+            s = event.stats
+            print(f"[{name}] {s.n_tokens} tokens in {s.decode_s:.2f}s: {s.tokens_per_s:.1f} tok/s, "
+                  f"{s.tokens_per_step:.2f} tokens/step, acceptance {s.acceptance:.2f} "
+                  f"({s.accepted}/{s.drafted}), prompt {s.n_prompt} tokens in {s.prefill_s:.2f}s, "
+                  f"stop: {event.reason}", file=sys.stderr)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from app.bench import run_bench
+
+    return run_bench(args, _choice(args), _generation_config(args))
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from app.measure import run_measure
+
+    return run_measure(args, _choice(args))
+
+
+def _models(args: argparse.Namespace) -> int:
+    from app.catalog import load_catalog
+    from app.fetch import models_dir, on_disk
+
+    catalog = load_catalog()
+    print(f"models directory: {models_dir()}")
+    for entry in catalog.models.values():
+        path = on_disk(entry)
+        size = f"{entry.size / 2**20:,.0f} MiB" if entry.size else "?"
+        sources = "+".join(s for s in ("hf", "pypi") if getattr(entry, s))
+        print(f"  {entry.name:30} {entry.quantization:7} {size:>10}  {sources:8} "
+              f"{'on disk: ' + str(path) if path else 'not on disk'}")
+    print("pairs:")
+    for pair in catalog.pairs.values():
+        mark = "*" if pair.name == catalog.default_pair else " "
+        print(f" {mark}{pair.name:20} {pair.target} + {pair.draft}  ({pair.note})")
+    return 0
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from app.catalog import load_catalog
+    from app.fetch import resolve
+
+    catalog = load_catalog()
+    if args.name is None or args.name in catalog.pairs:
+        pair = catalog.pair(args.name)
+        names = [pair.target, pair.draft]
+    else:
+        names = [catalog.model(args.name).name]
+    for name in dict.fromkeys(names):
+        print(resolve(catalog.model(name), progress=_progress))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The reference's acceptance measurement (speculative-decoding-derived.txt), on any pair.
+
+For each prompt the target writes a greedy answer; then every answer position is scored:
+does the draft's argmax match, how much do the two distributions overlap (sum min(p, q)),
+would a 2-gram lookup have guessed it; and greedy speculation and prompt lookup are replayed
+on the same text to count tokens per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from app.chat import ChatPrompter, Message
+from app.engine import Done, Engine, GenerationConfig
+from app.guessers import lookup
+from app.llm import Model, check_compatible
+from app.runtime import ModelChoice, load_target, model_paths
+from app.sampling import SamplingConfig
+from app.workload import load_prompts
+from app.errors import SpecchatError
+
+
+def tokens_per_step_formula(alpha: float, k: int) -> float:
+    """Expected tokens per target step with k drafts accepted i.i.d. with probability alpha."""
+    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def replay_greedy(match: Sequence[bool], k: int) -> tuple[int, int]:
+    """(tokens, steps) of greedy speculation with k drafts, given per-position draft matches."""
+    i, steps, n = 0, 0, len(match)
+    while i < n:
+        r = 0
+        while r < k and i + r < n and match[i + r]:
+            r += 1
+        i += r + 1
+        steps += 1
+    return n, steps
+
+
+def replay_lookup(seq: Sequence[int], start: int, max_ngram: int = 3, num: int = 10) -> tuple[int, int]:
+    """(tokens, steps) of prompt lookup as deployed, replayed over seq[start:]."""
+    i, steps = start, 0
+    while i < len(seq):
+        prop = lookup(seq[:i], num, max_ngram)
+        r = 0
+        while r < len(prop) and i + r < len(seq) and prop[r] == seq[i + r]:
+            r += 1
+        i += r + 1
+        steps += 1
+    return len(seq) - start, steps
+
+
+def lookup_2gram_hits(seq: Sequence[int], start: int) -> int:
+    """Positions whose token a 2-gram lookup (most recent earlier occurrence) predicts."""
+    hits = 0
+    for i in range(start, len(seq)):
+        a, b = seq[i - 2], seq[i - 1]
+        guess = next((seq[j + 2] for j in range(i - 3, -1, -1) if seq[j] == a and seq[j + 1] == b), None)
+        hits += guess == seq[i]
+    return hits
+
+
+def position_probs(model: Model, prompt: Sequence[int], answer: Sequence[int]) -> np.ndarray:
+    """The model's T=1 distribution at each answer position, (len(answer), V)."""
+    session = model.session
+    session.rewind(min(session.common_prefix(prompt), len(prompt) - 1))
+    if len(prompt) - 1 > len(session.tokens):
+        session.decode(prompt[len(session.tokens):-1], "none")
+    logits = np.array(session.decode([prompt[-1], *answer[:-1]], "all"), dtype=np.float64)
+    session.rewind(len(prompt) - 1)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _answer(engine: Engine, prompt: list[int], max_tokens: int, sampling: SamplingConfig) -> list[int]:
+    for event in engine.generate(prompt, GenerationConfig(sampling, max_tokens)):
+        if isinstance(event, Done):
+            ids = list(event.token_ids)
+            return ids[:-1] if ids and engine.target.is_eog(ids[-1]) else ids
+    raise AssertionError("generate ended without Done")
+
+
+def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
+    target_path, draft_path = model_paths(choice)
+    if draft_path is None:
+        raise SpecchatError("measure needs a draft model: use a --pair or pass --draft")
+    target = load_target(target_path, choice)
+    draft = Model(draft_path, n_ctx=choice.n_ctx, n_threads=choice.threads)
+    check_compatible(target, draft)
+    engine, prompter = Engine(target), ChatPrompter(target)
+    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for n, (task, text) in enumerate(load_prompts(args.prompts)):
+        prompt = prompter.tokens([Message("user", text)])
+        s = sums[task]
+        for kind, sampling in (("greedy", SamplingConfig()), ("sampled", SamplingConfig(1.0, seed=args.seed + n))):
+            answer = _answer(engine, prompt, args.max_tokens, sampling)
+            if not answer:
+                continue
+            p, q = position_probs(target, prompt, answer), position_probs(draft, prompt, answer)
+            s[f"smin_{kind}"] += float(np.minimum(p, q).sum())
+            s[f"n_{kind}"] += len(answer)
+            if kind != "greedy":
+                continue
+            match = (q.argmax(-1) == np.asarray(answer)).tolist()
+            s["greedy_agree"] += sum(match)
+            seq = prompt + answer
+            s["lookup_2gram"] += lookup_2gram_hits(seq, len(prompt))
+            for k in (4, 8):
+                toks, steps = replay_greedy(match, k)
+                s[f"steps_k{k}"] += steps
+            toks, steps = replay_lookup(seq, len(prompt))
+            s["lookup_steps"] += steps
+        print(f"  {task}: prompt {n + 1} done ({int(s['n_greedy'])} greedy tokens so far)", file=sys.stderr)
+    report = {}
+    for task, s in sums.items():
+        n = s["n_greedy"]
+        agree = s["greedy_agree"] / n
+        report[task] = {
+            "n_tokens": int(n),
+            "greedy_agree": agree,
+            "smin_greedy": s["smin_greedy"] / n,
+            "smin_sampled": s["smin_sampled"] / max(s["n_sampled"], 1),
+            "lookup_2gram": s["lookup_2gram"] / n,
+            "tokens_per_step_k4": n / s["steps_k4"],
+            "formula_k4": tokens_per_step_formula(agree, 4),
+            "tokens_per_step_k8": n / s["steps_k8"],
+            "formula_k8": tokens_per_step_formula(agree, 8),
+            "lookup_tokens_per_step": n / s["lookup_steps"],
+        }
+    _print_measure(report, target.name, draft.name)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _print_measure(report: dict[str, dict[str, float]], target: str, draft: str) -> None:
+    print(f"target {target}, draft {draft}")
+    cols = ["n_tokens", "greedy_agree", "smin_greedy", "smin_sampled", "lookup_2gram", "tokens_per_step_k4",
+            "formula_k4", "tokens_per_step_k8", "formula_k8", "lookup_tokens_per_step"]
+    widths = [len(c) + 2 for c in cols]
+    print(f"{'task':10}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths)))
+    for task, row in report.items():
+        print(f"{task:10}" + "".join(f"{row[c]:>{w}.3f}" if isinstance(row[c], float) else f"{row[c]:>{w}}"
+                                     for c, w in zip(cols, widths)))
