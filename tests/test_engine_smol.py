@@ -1,0 +1,146 @@
+"""The engine on a real model (SmolLM2 135M): exactness, rewind, prefix reuse, limits."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from app.chat import ChatPrompter, Message
+from app.engine import Done, Engine, GenerationConfig, Prefill, Source, Step
+from app.guessers import DraftGuesser, LookupGuesser, NoGuesser
+from app.llm import ContextFull, Model
+from app.sampling import SamplingConfig, logits_to_probs
+
+pytestmark = pytest.mark.real
+
+
+def run(engine: Engine, prompt: list[int], config: GenerationConfig, cancel=None) -> Done:
+    events = list(engine.generate(prompt, config, cancel))
+    assert isinstance(events[0], Prefill) and isinstance(events[-1], Done)
+    return events[-1]
+
+
+def chat_prompt(model: Model, text: str) -> list[int]:
+    return ChatPrompter(model).tokens([Message("user", text)])
+
+
+def test_self_draft_accepts_everything_at_temperature_zero(smol, smol_draft):
+    prompt = chat_prompt(smol, "List three colours of the rainbow.")
+    config = GenerationConfig(SamplingConfig(), max_tokens=40, k=4)
+    plain = run(Engine(smol), prompt, config)
+    spec = run(Engine(smol, DraftGuesser(smol_draft)), prompt, config)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.drafted > 0
+    assert spec.stats.accepted == spec.stats.drafted
+    assert spec.stats.steps < plain.stats.steps
+
+
+def _exact_two_token_distribution(model: Model, prompt: list[int], sampling: SamplingConfig) -> dict:
+    """P(t1, t2) under the target alone, computed from its logits."""
+    session = model.session
+    session.rewind(0)
+    first = logits_to_probs(np.array(session.decode(prompt, "last")[0]), sampling)
+    joint = {}
+    for t1 in np.flatnonzero(first):
+        session.rewind(len(prompt))
+        second = logits_to_probs(np.array(session.decode([int(t1)], "last")[0]), sampling)
+        for t2 in np.flatnonzero(second):
+            joint[(int(t1), int(t2))] = first[t1] * second[t2]
+    session.rewind(0)
+    return joint
+
+
+@pytest.mark.parametrize("guesser", ["lookup", "self-draft"])
+def test_first_two_tokens_follow_the_targets_distribution(smol, smol_draft, guesser):
+    # Repetitive text, so that prompt lookup proposes continuations the target often but not
+    # always accepts: both the acceptance and the residual path are exercised.
+    prompt = smol.tokenize("one two three four five, one two three four five, one two three", add_bos=False)
+    sampling = SamplingConfig(temperature=1.0, top_k=6)
+    exact = _exact_two_token_distribution(smol, prompt, sampling)
+    engine = Engine(smol, LookupGuesser() if guesser == "lookup" else DraftGuesser(smol_draft))
+    n, counts, accepted, rejections = 3000, {}, 0, 0
+    for seed in range(n):
+        done = run(engine, prompt, GenerationConfig(SamplingConfig(1.0, top_k=6, seed=seed), max_tokens=2))
+        key = done.token_ids[:2]
+        counts[key] = counts.get(key, 0) + 1
+        accepted += done.stats.accepted
+        rejections += done.stats.rejections
+    assert accepted > 0
+    if guesser == "lookup":
+        assert rejections > 0
+    assert set(counts) <= set(exact)
+    # Chi-square over pairs with enough expected mass; the rest pooled in one bin.
+    big = [k for k, p in exact.items() if p * n >= 5]
+    observed = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
+    expected = [exact[k] * n for k in big] + [n * (1 - sum(exact[k] for k in big))]
+    if expected[-1] < 5:
+        observed[-2] += observed.pop()
+        expected[-2] += expected.pop()
+    assert chisquare(observed, expected).pvalue > 0.001
+
+
+def test_cancel_leaves_caches_consistent(smol, smol_draft):
+    prompt = chat_prompt(smol, "Write a short poem about the sea.")
+    config = GenerationConfig(SamplingConfig(), max_tokens=48, k=3)
+    reference = run(Engine(smol), prompt, config)
+    engine = Engine(smol, DraftGuesser(smol_draft))
+    cancel = threading.Event()
+    steps = 0
+    for event in engine.generate(prompt, config, cancel):
+        if isinstance(event, Step):
+            steps += 1
+            if steps == 3:
+                cancel.set()
+        if isinstance(event, Done):
+            assert event.reason == "cancelled"
+    # A generator abandoned mid-stream must be harmless too.
+    stream = engine.generate(chat_prompt(smol, "Something else entirely."), config)
+    next(stream), next(stream)
+    stream.close()
+    again = run(engine, prompt, config)
+    assert again.token_ids == reference.token_ids
+
+
+def test_follow_up_turn_reuses_the_whole_history(smol):
+    prompter, engine = ChatPrompter(smol), Engine(smol)
+    config = GenerationConfig(SamplingConfig(), max_tokens=30)
+    history = [Message("user", "Name a fruit.")]
+    first = prompter.tokens(history)
+    done = run(engine, first, config)
+    prompter.remember(done.token_ids)
+    history += [Message("assistant", done.text), Message("user", "And a vegetable?")]
+    second = prompter.tokens(history)
+    prefill = next(iter(engine.generate(second, config)))
+    assert prefill.cached == len(first) + len(done.token_ids) - 1
+    assert second[:prefill.cached] == (first + list(done.token_ids))[:prefill.cached]
+
+
+def test_provenance_and_counts_add_up(smol):
+    prompt = smol.tokenize("a b c d e f a b c d e f a b c", add_bos=False)
+    done_events = list(Engine(smol, LookupGuesser()).generate(prompt, GenerationConfig(max_tokens=20)))
+    steps = [e for e in done_events if isinstance(e, Step)]
+    done = done_events[-1]
+    assert sum(len(s.tokens) for s in steps) == done.stats.n_tokens
+    assert sum(s.accepted for s in steps) == done.stats.accepted
+    assert {t.source for s in steps for t in s.tokens} & {Source.DRAFT, Source.BONUS}
+    for s in steps:
+        assert [t.source for t in s.tokens[:s.accepted]] == [Source.DRAFT] * s.accepted
+
+
+def test_stop_string_ends_generation_and_is_not_shown(smol):
+    prompt = smol.tokenize("1, 2, 3, 4, 5, 6,", add_bos=False)
+    done = run(Engine(smol), prompt, GenerationConfig(max_tokens=40, stop=(" 9",)))
+    assert done.reason == "stop"
+    assert " 9" not in done.text and done.text.strip().startswith("7")
+
+
+def test_prompt_longer_than_context_is_a_clear_error(smol_path):
+    model = Model(smol_path, n_ctx=256)
+    with pytest.raises(ContextFull, match=f"context holds {model.n_ctx}"):
+        next(Engine(model).generate(list(range(1, 400)), GenerationConfig()))
+    done = run(Engine(model), model.tokenize("Count: 1, 2, 3,"), GenerationConfig(max_tokens=400))
+    assert done.reason in ("context_full", "eog")
+    model.close()
