@@ -15,8 +15,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
-        return 0
+        args = parser.parse_args(["chat", *(argv if argv is not None else sys.argv[1:])])
     try:
         return int(args.run(args) or 0)
     except SpecchatError as e:
@@ -30,6 +29,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specchat", description="Local chat with exact speculative decoding.")
     sub = p.add_subparsers(dest="command")
+
+    c = sub.add_parser("chat", help="open the terminal app (the default when no command is given)")
+    _model_args(c, guesser=False)
+    c.set_defaults(run=_chat, file=None)
+
+    r = sub.add_parser("rewrite", help="open the terminal app in document rewrite mode")
+    r.add_argument("file", type=Path)
+    _model_args(r, guesser=False)
+    r.set_defaults(run=_chat)
 
     g = sub.add_parser("generate", help="answer one prompt (the answer on stdout, stats on stderr)")
     g.add_argument("prompt")
@@ -107,6 +115,16 @@ def _generation_config(args: argparse.Namespace):
 
 def _progress(what: str, done: int, total: int) -> None:
     print(f"\r{what}: {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from app.rewrite import read_document
+    from app.ui.app import SpecchatApp
+
+    if args.file is not None:
+        read_document(args.file)  # a missing or binary file is a one-line error, before the UI starts
+    SpecchatApp(_choice(args), rewrite_file=args.file).run()
+    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -1,0 +1,84 @@
+"""Document rewriting: instructions, paragraph-aligned chunks that fit the context, diffs,
+and saves that never touch the original unless asked."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Callable
+
+from app.chat import Message
+from app.errors import SpecchatError
+from app.settings import atomic_write
+
+PRESETS = {
+    "Fix grammar": "Fix the grammar, spelling and punctuation. Change nothing else.",
+    "Make formal": "Make the tone formal and professional, keeping every fact.",
+    "Simplify": "Simplify the wording so that it is easy to read, keeping every fact.",
+    "Make concise": "Make it more concise without losing information.",
+}
+
+
+def rewrite_messages(instruction: str, chunk: str) -> list[Message]:
+    return [Message("system", "You rewrite documents. Reply with the rewritten text only, no preamble."),
+            Message("user", f"{instruction}\n\n{chunk}")]
+
+
+def split_paragraphs(text: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
+    """Chunks of whole paragraphs, each within max_tokens (a single longer paragraph is split
+    at sentence ends, and at worst stands alone)."""
+    paragraphs = [p for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
+    chunks: list[str] = []
+    current: list[str] = []
+    for para in paragraphs:
+        pieces = [para] if count(para) <= max_tokens else _sentences(para, max_tokens, count)
+        for piece in pieces:
+            if current and count("\n\n".join(current + [piece])) > max_tokens:
+                chunks.append("\n\n".join(current))
+                current = []
+            current.append(piece)
+    if current:
+        chunks.append("\n\n".join(current))
+    return chunks
+
+
+def _sentences(para: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
+    out: list[str] = []
+    for sentence in re.split(r"(?<=[.!?])\s+", para):
+        if out and count(out[-1] + " " + sentence) <= max_tokens:
+            out[-1] += " " + sentence
+        else:
+            out.append(sentence)
+    return out
+
+
+def read_document(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecchatError(f"document not found: {path}") from None
+    except UnicodeDecodeError:
+        raise SpecchatError(f"{path} is not UTF-8 text; convert it first") from None
+    except OSError as e:
+        raise SpecchatError(f"cannot read {path}: {e.strerror}") from None
+
+
+def output_path(original: Path) -> Path:
+    """A new file next to the original that does not exist yet: notes.rewritten.md, then -2, -3…"""
+    candidate = original.with_name(f"{original.stem}.rewritten{original.suffix}")
+    n = 2
+    while candidate.exists():
+        candidate = original.with_name(f"{original.stem}.rewritten-{n}{original.suffix}")
+        n += 1
+    return candidate
+
+
+def save(text: str, path: Path) -> Path:
+    atomic_write(path, text if text.endswith("\n") else text + "\n")
+    return path
+
+
+def diff_lines(original: str, rewritten: str, name: str) -> list[str]:
+    return list(difflib.unified_diff(original.splitlines(), rewritten.splitlines(),
+                                     f"{name} (original)", f"{name} (rewrite)", lineterm=""))

@@ -1,0 +1,102 @@
+"""User settings: one validated object, stored as TOML in the platformdirs config dir.
+
+An invalid value never stops the app: it is reported in one line and the default is used.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import tomllib
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import platformdirs
+
+from app.engine import GenerationConfig
+from app.errors import SpecchatError
+from app.runtime import GUESSERS
+from app.sampling import SamplingConfig
+
+
+@dataclass(frozen=True)
+class Settings:
+    system_prompt: str = "You are a helpful assistant."
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 512
+    guesser: str = "draft"
+    draft_length: int = 0  # 0: the guesser's default
+    pair: str = ""  # "": the catalog's default pair
+
+    def __post_init__(self) -> None:
+        SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)  # raises on bad values
+        if self.max_tokens < 1:
+            raise SpecchatError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.guesser not in GUESSERS:
+            raise SpecchatError(f"guesser must be one of {', '.join(GUESSERS)}, got {self.guesser!r}")
+        if not 0 <= self.draft_length <= 32:
+            raise SpecchatError(f"draft_length must be 0 to 32, got {self.draft_length}")
+
+    def generation(self, stop: tuple[str, ...] = ()) -> GenerationConfig:
+        sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)
+        return GenerationConfig(sampling, self.max_tokens, self.draft_length or None, stop)
+
+
+def default_config_path() -> Path:
+    return Path(platformdirs.user_config_dir("specchat")) / "config.toml"
+
+
+def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:
+    """The settings, and one line for each problem found (whose value fell back to the default)."""
+    path = path or default_config_path()
+    if not path.exists():
+        return Settings(), []
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        return Settings(), [f"{path}: unreadable ({e}); using default settings"]
+    problems, settings = [], Settings()
+    types = {f.name: type(getattr(settings, f.name)) for f in fields(Settings)}
+    for key, value in data.items():
+        if key not in types:
+            problems.append(f"{path}: unknown setting {key!r} ignored")
+            continue
+        want = types[key]
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, want) or isinstance(value, bool):
+            problems.append(f"{path}: {key} must be a {want.__name__}, got {value!r}; using {getattr(settings, key)!r}")
+            continue
+        try:
+            settings = replace(settings, **{key: value})
+        except SpecchatError as e:
+            problems.append(f"{path}: {e}; using {getattr(settings, key)!r}")
+    return settings, problems
+
+
+def save_settings(settings: Settings, path: Path | None = None) -> None:
+    path = path or default_config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for key, value in asdict(settings).items():
+        if isinstance(value, str):
+            value = '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+        lines.append(f"{key} = {value}")
+    atomic_write(path, "\n".join(lines) + "\n")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write to a temporary file beside `path`, then rename: readers see old or new, never half."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

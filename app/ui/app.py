@@ -1,0 +1,402 @@
+"""specchat's terminal app: conversations, streaming answers, and speculation shown live."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.events import Key
+from textual.message import Message as TMessage
+from textual.widgets import Footer, Header, Label, ListItem, ListView, ProgressBar, Static, TextArea
+
+from app.backend import Backend, EngineBackend
+from app.catalog import Catalog, load_catalog
+from app.chat import Message
+from app.engine import Done, Prefill, Step
+from app.errors import SpecchatError
+from app.runtime import ModelChoice
+from app.settings import Settings, atomic_write, load_settings, save_settings
+from app.store import Store
+from app.ui.screens import ConfirmScreen, ErrorScreen, HelpScreen, PromptScreen, SettingsScreen
+from app.ui.streaming import pump
+from app.ui.widgets import MessageView, StatsPanel, summary_line
+
+
+class ChatInput(TextArea):
+    """Enter sends; Shift+Enter (or Ctrl+J, for terminals that can't tell them apart) is a newline."""
+
+    class Submitted(TMessage):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    async def _on_key(self, event: Key) -> None:
+        if event.key == "escape" and getattr(self.app, "generating", False):
+            event.stop()
+            self.app.action_stop()
+        elif event.key == "enter":
+            event.prevent_default()
+            event.stop()
+            self.post_message(self.Submitted(self.text))
+        elif event.key in ("shift+enter", "ctrl+j"):
+            event.prevent_default()
+            event.stop()
+            self.insert("\n")
+        else:
+            await super()._on_key(event)
+
+
+class SpecchatApp(App[None]):
+    CSS_PATH = "specchat.tcss"
+    TITLE = "specchat"
+    BINDINGS = [
+        Binding("ctrl+n", "new_chat", "New chat", priority=True),
+        Binding("escape", "stop", "Stop", show=True),
+        Binding("ctrl+r", "regenerate", "Regenerate", priority=True),
+        Binding("ctrl+e", "edit_last", "Edit last", priority=True),
+        Binding("ctrl+y", "copy_answer", "Copy answer", priority=True),
+        Binding("ctrl+t", "toggle_provenance", "Provenance", priority=True),
+        Binding("ctrl+g", "cycle_guesser", "Guesser", priority=True),
+        Binding("f2", "rename", "Rename"),
+        Binding("ctrl+d", "delete_chat", "Delete", priority=True),
+        Binding("ctrl+x", "export", "Export", priority=True),
+        Binding("ctrl+o", "rewrite", "Rewrite doc", priority=True),
+        Binding("ctrl+s", "settings", "Settings"),
+        Binding("f1", "help", "Help"),
+        Binding("ctrl+q", "quit", "Quit"),
+    ]
+
+    _CHAT_ACTIONS = {"new_chat", "regenerate", "edit_last", "copy_answer", "toggle_provenance", "cycle_guesser",
+                     "delete_chat", "export", "rewrite"}
+
+    def __init__(self, choice: ModelChoice | None = None, backend: Backend | None = None,
+                 store: Store | None = None, settings_path: Path | None = None,
+                 rewrite_file: Path | None = None) -> None:
+        super().__init__()
+        self.choice = choice or ModelChoice()
+        self.store = store or Store()
+        self.settings_path = settings_path
+        self.settings, self._settings_problems = load_settings(settings_path)
+        self.catalog: Catalog | None = None
+        self.backend: Backend | None = backend
+        self._injected_backend = backend is not None
+        self.ready = False
+        self.conversation_id: int | None = None
+        self.generating = False
+        self.cancel = threading.Event()
+        self.provenance = False
+        self.rewrite_file = rewrite_file
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # The chat's shortcuts win over the input box's own keys, but only on the chat screen:
+        # dialogs and the rewrite screen keep theirs.
+        if action in self._CHAT_ACTIONS and len(self.screen_stack) > 1:
+            return False
+        return True
+
+    # --- layout ---------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal():
+            with Vertical(id="sidebar"):
+                yield Label("Conversations", classes="title")
+                yield ListView(id="conversations")
+            with Vertical(id="main"):
+                yield VerticalScroll(id="chat")
+                yield Static("", id="status")
+                yield ProgressBar(id="progress", show_eta=False)
+                yield ChatInput(id="input", placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: newline)")
+            yield StatsPanel(id="stats")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for problem in self._settings_problems:
+            self.notify(problem, severity="warning", timeout=10)
+        try:
+            self.catalog = load_catalog()
+        except SpecchatError as e:
+            self.push_screen(ErrorScreen(str(e)))
+        self.query_one("#chat", VerticalScroll).anchor()
+        self._refresh_conversations()
+        conversations = self.store.conversations()
+        self._open(conversations[0].id if conversations else self.store.new_conversation().id)
+        self.query_one("#input").focus()
+        self._load_backend()
+
+    # --- models ---------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="load")
+    def _load_backend(self) -> None:
+        self.ready = False
+        choice = self.choice
+        if self.settings.pair and choice.target is None and choice.pair is None:
+            choice = ModelChoice(self.settings.pair, None, None, choice.n_ctx, choice.threads)
+        backend = self.backend if self._injected_backend else EngineBackend(choice)
+        try:
+            backend.load(lambda what, done, total: self.call_from_thread(self._progress, what, done, total))
+        except SpecchatError as e:
+            self.call_from_thread(self._fail, str(e))
+            return
+        self.call_from_thread(self._backend_ready, backend)
+
+    def _progress(self, what: str, done: int, total: int) -> None:
+        bar = self.query_one("#progress", ProgressBar)
+        bar.display = done < total
+        bar.update(total=total, progress=done)
+        self._status(what + ("…" if done < total else ""))
+
+    def _fail(self, message: str) -> None:
+        self.query_one("#progress").display = False
+        self._status(f"error: {message}")
+        self.push_screen(ErrorScreen(message))
+
+    def _backend_ready(self, backend: Backend) -> None:
+        self.backend, self.ready = backend, True
+        if self.settings.guesser == "draft" and not backend.has_draft:
+            self.settings = Settings(**{**self.settings.__dict__, "guesser": "lookup"})
+        self.query_one("#progress").display = False
+        self._status(f"{backend.name} ready · guesser {self.settings.guesser}")
+        self.query_one(StatsPanel).reset(backend.name, backend.baseline(), self.settings.guesser)
+        if self.rewrite_file is not None:
+            path, self.rewrite_file = self.rewrite_file, None
+            self._open_rewrite(path)
+
+    def _status(self, text: str) -> None:
+        self.query_one("#status", Static).update(text)
+
+    # --- conversations --------------------------------------------------------------------
+
+    def _refresh_conversations(self) -> None:
+        view = self.query_one("#conversations", ListView)
+        view.clear()
+        for conv in self.store.conversations():
+            view.append(ListItem(Label(conv.title), id=f"conv-{conv.id}"))
+
+    def _open(self, conversation_id: int) -> None:
+        self.conversation_id = conversation_id
+        chat = self.query_one("#chat", VerticalScroll)
+        chat.remove_children()
+        for m in self.store.messages(conversation_id):
+            summary = ""
+            if m.stats:
+                summary = m.stats.get("summary", "")
+            chat.mount(MessageView(m.role, m.content, summary, m.status == "stopped"))
+        chat.scroll_end(animate=False)
+
+    @on(ListView.Selected, "#conversations")
+    def _selected(self, event: ListView.Selected) -> None:
+        if self.generating or event.item.id is None:
+            return
+        self._open(int(event.item.id.removeprefix("conv-")))
+
+    def _history(self) -> list[Message]:
+        assert self.conversation_id is not None
+        messages = [Message("system", self.settings.system_prompt)] if self.settings.system_prompt else []
+        return messages + [Message(m.role, m.content) for m in self.store.messages(self.conversation_id)]
+
+    # --- chatting -------------------------------------------------------------------------
+
+    @on(ChatInput.Submitted)
+    def _submitted(self, event: ChatInput.Submitted) -> None:
+        text = event.text.strip()
+        if not text:
+            return
+        if self.generating:
+            self.notify("Still generating: Esc stops it", severity="warning")
+            return
+        if not self.ready:
+            self.notify("The models are still loading", severity="warning")
+            return
+        self.query_one("#input", ChatInput).clear()
+        assert self.conversation_id is not None
+        if not self.store.messages(self.conversation_id):
+            title = text.splitlines()[0][:40]
+            self.store.rename(self.conversation_id, title)
+            self._refresh_conversations()
+        self.store.add_message(self.conversation_id, "user", text)
+        self.query_one("#chat").mount(MessageView("user", text))
+        self._answer()
+
+    def _answer(self) -> None:
+        view = MessageView("assistant")
+        chat = self.query_one("#chat", VerticalScroll)
+        chat.mount(view)
+        chat.anchor()
+        self.generating = True
+        self.cancel.clear()
+        stats = self.query_one(StatsPanel)
+        stats.reset(self.backend.name, self.backend.baseline(), self.settings.guesser)
+        self._status(f"generating with {self.settings.guesser}… (Esc stops)")
+        self._generate(view, stats, self._history(), self.settings, self.conversation_id)
+
+    @work(thread=True, group="generate")
+    def _generate(self, view: MessageView, stats: StatsPanel, history: list[Message], settings: Settings,
+                  conv: int) -> None:
+
+        def post(callback, arg) -> None:
+            self.call_from_thread(callback, arg)
+
+        async def steps(batch: list[Step]) -> None:
+            stats.add(batch)
+            await view.append(batch)
+
+        async def done(event: Done) -> None:
+            stopped = event.reason == "cancelled"
+            summary = summary_line(event.stats, settings.guesser, event.reason)
+            await view.finish(event.text, summary, stopped)
+            # A stopped answer is kept, marked as such, so nothing the user saw is lost.
+            self.store.add_message(conv, "assistant", event.text, "stopped" if stopped else "complete",
+                                   {"summary": summary, "reason": event.reason, "tokens": event.stats.n_tokens,
+                                    "acceptance": event.stats.acceptance, "guesser": settings.guesser})
+            self._status(summary)
+
+        def prefill(event: Prefill) -> None:
+            stats.prefill(event.seconds, event.n_prompt, event.cached)
+
+        try:
+            events = self.backend.chat(history, settings.generation(), settings.guesser, self.cancel)
+            pump(events, post, steps, done, lambda text: self.notify(text, severity="warning"), prefill)
+        except SpecchatError as e:
+            self.call_from_thread(self._fail, str(e))
+        finally:
+            self.call_from_thread(setattr, self, "generating", False)
+
+    # --- actions --------------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        if self.generating:
+            self.cancel.set()
+
+    def _last(self, role: str):
+        messages = self.store.messages(self.conversation_id) if self.conversation_id else []
+        return next((m for m in reversed(messages) if m.role == role), None), messages
+
+    def action_regenerate(self) -> None:
+        if self.generating or not self.ready:
+            return
+        last, messages = self._last("assistant")
+        if last is None or messages[-1].id != last.id:
+            self.notify("Nothing to regenerate")
+            return
+        self.store.delete_message(last.id)
+        self.query(MessageView).last().remove()
+        self._answer()
+
+    def action_edit_last(self) -> None:
+        if self.generating:
+            return
+        last_user, messages = self._last("user")
+        if last_user is None:
+            return
+        for m in messages[messages.index(last_user):]:
+            self.store.delete_message(m.id)
+        self._open(self.conversation_id)
+        box = self.query_one("#input", ChatInput)
+        box.text = last_user.content
+        box.focus()
+
+    def action_copy_answer(self) -> None:
+        last, _ = self._last("assistant")
+        if last is not None:
+            self.copy_to_clipboard(last.content)  # OSC 52: works over SSH too
+            self.notify("Answer copied to the clipboard")
+
+    def action_toggle_provenance(self) -> None:
+        self.provenance = not self.provenance
+        for view in self.query(MessageView):
+            view.show_provenance(self.provenance)
+        self.notify("Provenance " + ("on: green accepted guess, red correction, cyan bonus" if self.provenance
+                                     else "off"))
+
+    def action_cycle_guesser(self) -> None:
+        options = ["none", "lookup"] + (["draft"] if self.backend and self.backend.has_draft else [])
+        nxt = options[(options.index(self.settings.guesser) + 1) % len(options)] if self.settings.guesser in options \
+            else options[0]
+        self._apply_settings(Settings(**{**self.settings.__dict__, "guesser": nxt}))
+
+    def action_new_chat(self) -> None:
+        if self.generating:
+            return
+        conv = self.store.new_conversation()
+        self._refresh_conversations()
+        self._open(conv.id)
+
+    def action_rename(self) -> None:
+        def done(title: str | None) -> None:
+            if title and self.conversation_id is not None:
+                self.store.rename(self.conversation_id, title)
+                self._refresh_conversations()
+        self.push_screen(PromptScreen("Rename conversation"), done)
+
+    def action_delete_chat(self) -> None:
+        if self.generating or self.conversation_id is None:
+            return
+
+        def done(yes: bool | None) -> None:
+            if yes:
+                self.store.delete(self.conversation_id)
+                self._refresh_conversations()
+                conversations = self.store.conversations()
+                self._open(conversations[0].id if conversations else self.store.new_conversation().id)
+                self._refresh_conversations()
+        self.push_screen(ConfirmScreen("Delete this conversation? This cannot be undone."), done)
+
+    def action_export(self) -> None:
+        if self.conversation_id is None:
+            return
+        out = self.store.path.parent / "exports" / f"conversation-{self.conversation_id}.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, self.store.export_markdown(self.conversation_id))
+        self.notify(f"Exported to {out}")
+
+    def action_settings(self) -> None:
+        if self.catalog is None:
+            return
+        compatibility = {}
+        if self.backend is not None and self.ready:
+            name = self.settings.pair or self.catalog.default_pair
+            compatibility[name] = "draft compatible (checked on load)" if self.backend.has_draft else "no draft"
+        self.push_screen(SettingsScreen(self.settings, self.catalog, compatibility), self._apply_settings)
+
+    def _apply_settings(self, settings: Settings | None) -> None:
+        if settings is None:
+            return
+        reload = settings.pair != self.settings.pair and not self._injected_backend
+        self.settings = settings
+        save_settings(settings, self.settings_path)
+        self._status(f"guesser {settings.guesser}")
+        if self.backend is not None and self.ready:
+            self.query_one(StatsPanel).reset(self.backend.name, self.backend.baseline(), settings.guesser)
+        if reload:
+            self._load_backend()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen([(b.key, b.description) for b in self.BINDINGS]))
+
+    def action_rewrite(self) -> None:
+        def done(path: str | None) -> None:
+            if path:
+                self._open_rewrite(Path(path).expanduser())
+        self.push_screen(PromptScreen("Document to rewrite (path)"), done)
+
+    def _open_rewrite(self, path: Path) -> None:
+        from app.ui.rewrite import RewriteScreen
+
+        try:
+            screen = RewriteScreen(path, self.backend, self.settings)
+        except SpecchatError as e:
+            self.push_screen(ErrorScreen(str(e)))
+            return
+        self.push_screen(screen)
+
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        for binding in self.BINDINGS:
+            if binding.action not in ("quit",):
+                yield SystemCommand(binding.description, f"{binding.description} ({binding.key})",
+                                    lambda action=binding.action: self.run_action(action))

@@ -1,0 +1,155 @@
+"""Modal screens: errors, confirmations, text prompts, help and settings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, Static, TextArea
+
+from app.catalog import Catalog
+from app.errors import SpecchatError
+from app.fetch import on_disk
+from app.runtime import GUESSERS
+from app.settings import Settings
+
+
+class ErrorScreen(ModalScreen[None]):
+    """A problem the user can act on: one clear message, never a traceback."""
+
+    BINDINGS = [Binding("escape", "dismiss", "Close"), Binding("q", "app.quit", "Quit")]
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog error"):
+            yield Label("specchat could not continue", classes="dialog-title")
+            yield Static(self.message, id="error-message")
+            yield Static("Esc to close, q to quit", classes="hint")
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("y", "confirm", "Yes")]
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.question)
+            with Horizontal(classes="buttons"):
+                yield Button("Yes (y)", id="yes", variant="error")
+                yield Button("No (Esc)", id="no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_confirm(self) -> None:
+        self.dismiss(True)
+
+    def action_cancel(self) -> None:
+        self.dismiss(False)
+
+
+class PromptScreen(ModalScreen[str | None]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str, value: str = "") -> None:
+        super().__init__()
+        self.title_text, self.value = title, value
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text, classes="dialog-title")
+            yield Input(self.value, id="prompt-input")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
+
+    def __init__(self, bindings: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.rows = bindings
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog help"):
+            yield Label("Keys (every action is also in the command palette, Ctrl+P)", classes="dialog-title")
+            yield Static("\n".join(f"{key:>14}  {text}" for key, text in self.rows))
+            yield Static("Colours with provenance on: green = accepted guess, red = target correction, "
+                         "cyan = bonus token.", classes="hint")
+
+
+class SettingsScreen(ModalScreen[Settings | None]):
+    """Every setting, validated as a whole on save; the pair picker shows what is on disk."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
+
+    def __init__(self, settings: Settings, catalog: Catalog, compatibility: dict[str, str]) -> None:
+        super().__init__()
+        self.settings, self.catalog, self.compatibility = settings, catalog, compatibility
+
+    def _pair_label(self, name: str) -> str:
+        pair = self.catalog.pairs[name]
+        parts = []
+        for role in ("target", "draft"):
+            m = self.catalog.models[getattr(pair, role)]
+            size = f"{m.size / 2**20:,.0f} MiB" if m.size else "size ?"
+            parts.append(f"{m.name} ({m.quantization}, {size}, {'on disk' if on_disk(m) else 'not on disk'})")
+        return f"{name}: {' + '.join(parts)} · {self.compatibility.get(name, 'compatibility checked on load')}"
+
+    def compose(self) -> ComposeResult:
+        s = self.settings
+        with VerticalScroll(classes="dialog settings"):
+            yield Label("Settings (Ctrl+S saves, Esc cancels)", classes="dialog-title")
+            yield Label("Model pair")
+            yield Select([(self._pair_label(n), n) for n in self.catalog.pairs],
+                         value=s.pair or self.catalog.default_pair, id="pair", allow_blank=False)
+            yield Label("Guesser")
+            yield Select([(g, g) for g in GUESSERS], value=s.guesser, id="guesser", allow_blank=False)
+            with Grid(classes="numbers"):
+                for key, label in (("temperature", "Temperature"), ("top_p", "Top-p"), ("top_k", "Top-k"),
+                                   ("min_p", "Min-p"), ("max_tokens", "Max tokens"),
+                                   ("draft_length", "Draft length (0 = default)")):
+                    yield Label(label)
+                    yield Input(str(getattr(s, key)), id=key)
+            yield Label("System prompt")
+            yield TextArea(s.system_prompt, id="system_prompt")
+            yield Static("", id="settings-error", classes="error-line")
+            with Horizontal(classes="buttons"):
+                yield Button("Save", id="save", variant="primary")
+                yield Button("Cancel", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.action_save() if event.button.id == "save" else self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def action_save(self) -> None:
+        values: dict[str, object] = {}
+        try:
+            for key, kind in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float),
+                              ("max_tokens", int), ("draft_length", int)):
+                raw = self.query_one(f"#{key}", Input).value.strip()
+                try:
+                    values[key] = kind(raw)
+                except ValueError:
+                    raise SpecchatError(f"{key.replace('_', ' ')} must be a number, got {raw!r}") from None
+            values["guesser"] = self.query_one("#guesser", Select).value
+            values["pair"] = self.query_one("#pair", Select).value
+            values["system_prompt"] = self.query_one("#system_prompt", TextArea).text
+            self.dismiss(replace(self.settings, **values))
+        except SpecchatError as e:
+            self.query_one("#settings-error", Static).update(str(e))

@@ -1,0 +1,145 @@
+"""The chat's widgets: a message (Markdown, streamed), and the live speculation panel."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Markdown, Sparkline, Static
+
+from app.backend import Baseline
+from app.engine import Source, Stats, Step
+
+SOURCE_STYLE = {
+    Source.DRAFT: "bold green",
+    Source.CORRECTION: "bold red",
+    Source.BONUS: "bold cyan",
+    Source.PLAIN: "",
+}
+LEGEND = Text.assemble(("accepted guess", SOURCE_STYLE[Source.DRAFT]), "  ",
+                       ("target correction", SOURCE_STYLE[Source.CORRECTION]), "  ",
+                       ("bonus token", SOURCE_STYLE[Source.BONUS]), "  plain")
+
+
+def summary_line(stats: Stats, guesser: str, reason: str) -> str:
+    stopped = "  [stopped]" if reason == "cancelled" else ""
+    return (f"{stats.n_tokens} tokens · {stats.decode_s:.1f}s · {stats.tokens_per_s:.1f} tok/s · "
+            f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%} · {guesser}{stopped}")
+
+
+class MessageView(Vertical):
+    """One message. An answer streams into Markdown and is rendered once more when complete;
+    with provenance on, it shows each token coloured by where it came from instead."""
+
+    def __init__(self, role: str, content: str = "", summary: str = "", stopped: bool = False) -> None:
+        super().__init__(classes=f"message {role}")
+        self.role, self.content, self.summary = role, content, summary
+        self.stopped = stopped
+        self.tokens: list[tuple[str, Source]] = []
+        self._stream = None
+
+    def compose(self) -> ComposeResult:
+        label = {"user": "You", "assistant": "Assistant", "system": "System"}.get(self.role, self.role)
+        yield Static(label + ("  (stopped)" if self.stopped else ""), classes="role")
+        yield Markdown(self.content, classes="body")
+        yield Static(Text(), classes="provenance")
+        yield Static(self.summary, classes="summary")
+
+    def on_mount(self) -> None:
+        self.query_one(".provenance").display = False
+        self.query_one(".summary").display = bool(self.summary)
+
+    async def append(self, steps: list[Step]) -> None:
+        text = "".join(s.text for s in steps)
+        self.tokens += [(t.text, t.source) for s in steps for t in s.tokens]
+        self.content += text
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        if text:
+            await self._stream.write(text)
+        if self.query_one(".provenance").display:
+            self._render_provenance()
+
+    async def finish(self, content: str, summary: str, stopped: bool) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.content, self.summary, self.stopped = content, summary, stopped
+        await self.query_one(Markdown).update(content)
+        self.query_one(".summary", Static).update(summary)
+        self.query_one(".summary").display = True
+        if stopped:
+            self.query_one(".role", Static).update("Assistant  (stopped)")
+
+    def show_provenance(self, on: bool) -> None:
+        on = on and bool(self.tokens)
+        self.query_one(Markdown).display = not on
+        self.query_one(".provenance").display = on
+        if on:
+            self._render_provenance()
+
+    def _render_provenance(self) -> None:
+        self.query_one(".provenance", Static).update(
+            Text.assemble(*((text, SOURCE_STYLE[src]) for text, src in self.tokens)))
+
+
+class StatsPanel(Vertical):
+    """Speculation, live: speed, tokens per step, acceptance, draft length, measured speedup."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("Speculation", classes="title")
+        yield Static("", id="numbers")
+        yield Static("tokens per step", classes="caption")
+        yield Sparkline([], id="spark")
+        yield Static("accepted run lengths", classes="caption")
+        yield Static("", id="runs")
+        yield Static("", id="baseline")
+        yield Static(LEGEND, id="legend")
+
+    def on_mount(self) -> None:
+        self.reset("", None)
+
+    def reset(self, model: str, baseline: Baseline | None, guesser: str = "") -> None:
+        self.model, self.baseline, self.guesser = model, baseline, guesser
+        self.steps: list[Step] = []
+        self.ttft: float | None = None
+        self.prefill_s = 0.0
+        self._show()
+
+    def prefill(self, seconds: float, n_prompt: int, cached: int) -> None:
+        self.prefill_s = seconds
+        self.prompt_info = f"prompt {n_prompt} tokens ({cached} cached)"
+
+    def add(self, steps: list[Step]) -> None:
+        if self.ttft is None and steps:
+            self.ttft = self.prefill_s + steps[0].draft_s + steps[0].verify_s
+        self.steps += steps
+        self._show()
+
+    def _show(self) -> None:
+        steps = self.steps
+        n_tokens = sum(len(s.tokens) for s in steps)
+        decode = sum(s.draft_s + s.verify_s for s in steps)
+        drafted, accepted = sum(s.drafted for s in steps), sum(s.accepted for s in steps)
+        tps = n_tokens / decode if decode else 0.0
+        base = self.baseline.tokens_per_s if self.baseline else 0.0
+        lines = [
+            f"model     {self.model}",
+            f"guesser   {self.guesser}",
+            f"tok/s     {tps:6.1f}  (decode only)",
+            f"first tok {self.ttft:6.2f}s" if self.ttft is not None else "first tok      –",
+            f"tok/step  {n_tokens / len(steps):6.2f}" if steps else "tok/step       –",
+            f"accept    {accepted / drafted:6.0%}  ({accepted}/{drafted})" if drafted else "accept         –",
+            f"draft len {steps[-1].drafted:6d}" if steps else "draft len      –",
+            f"speedup   {tps / base:6.2f}x" if steps and base else "speedup        –",
+        ]
+        self.query_one("#numbers", Static).update("\n".join(lines))
+        self.query_one("#spark", Sparkline).data = [len(s.tokens) for s in steps[-60:]] or [0]
+        runs = Counter(s.accepted for s in steps if s.drafted)
+        top = max(runs.values(), default=1)
+        self.query_one("#runs", Static).update(
+            "\n".join(f"{k:2d} {'█' * max(1, round(12 * v / top))} {v}" for k, v in sorted(runs.items())) or "–")
+        how = (f"baseline {base:.1f} tok/s: {self.baseline.how}" if self.baseline else "baseline: not measured yet")
+        self.query_one("#baseline", Static).update(how)

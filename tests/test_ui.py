@@ -1,0 +1,146 @@
+"""The terminal app driven by Textual's Pilot, on a scripted backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.runtime import ModelChoice
+from app.store import Store
+from app.ui.app import SpecchatApp
+from app.ui.rewrite import RewriteScreen
+from app.ui.screens import ErrorScreen
+from app.ui.widgets import MessageView, StatsPanel
+from fakes import FakeBackend
+
+
+async def until(pilot, condition, what: str, timeout: float = 15.0) -> None:
+    """Let the app run until condition() holds (an event, not a guessed sleep)."""
+    waited = 0.0
+    while not condition():
+        assert waited < timeout, f"timed out waiting for {what}"
+        await pilot.pause(0.05)
+        waited += 0.05
+
+
+def make_app(tmp_path: Path, backend=None, **kwargs) -> SpecchatApp:
+    return SpecchatApp(backend=backend or FakeBackend(), store=Store(tmp_path / "chat.db"),
+                       settings_path=tmp_path / "config.toml", **kwargs)
+
+
+async def send(pilot, app: SpecchatApp, text: str) -> None:
+    await until(pilot, lambda: app.ready, "models to load")
+    app.query_one("#input").text = text
+    await pilot.press("enter")
+
+
+async def test_send_streams_and_persists(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "Say hello")
+        await until(pilot, lambda: len(app.store.messages(app.conversation_id)) == 2, "the answer to be saved")
+        user, answer = app.store.messages(app.conversation_id)
+        assert (user.role, user.content) == ("user", "Say hello")
+        assert answer.content == "Hello **world**, this is a scripted answer."
+        assert answer.status == "complete" and "tok/step" in answer.stats["summary"]
+        views = list(app.query(MessageView))
+        assert views[-1].content == answer.content
+        assert "acceptance 44%" in views[-1].summary  # 4 of 9 scripted guesses
+        stats = app.query_one(StatsPanel)
+        assert sum(len(s.tokens) for s in stats.steps) == 7
+        assert app.store.conversations()[0].title == "Say hello"
+
+
+async def test_stop_keeps_partial_answer_marked_stopped(tmp_path):
+    backend = FakeBackend(pause_after=1)
+    app = make_app(tmp_path, backend)
+    async with app.run_test() as pilot:
+        await send(pilot, app, "Tell me a story")
+        await until(pilot, lambda: backend.paused.is_set() and app.query(MessageView).last().content,
+                    "the first tokens")
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.generating and len(app.store.messages(app.conversation_id)) == 2,
+                    "the stop")
+        answer = app.store.messages(app.conversation_id)[-1]
+        assert answer.status == "stopped"
+        assert answer.content == "Hello **world**, this "
+        assert app.query(MessageView).last().stopped
+
+
+async def test_switch_guesser(tmp_path):
+    backend = FakeBackend()
+    app = make_app(tmp_path, backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        assert app.settings.guesser == "draft"
+        await pilot.press("ctrl+g")
+        assert app.settings.guesser == "none"
+        await send(pilot, app, "hi")
+        await until(pilot, lambda: not app.generating and backend.calls, "the answer")
+        assert backend.calls[-1][1] == "none"
+        assert "guesser = \"none\"" in (tmp_path / "config.toml").read_text()
+
+
+async def test_regenerate_and_edit(tmp_path):
+    backend = FakeBackend()
+    app = make_app(tmp_path, backend)
+    async with app.run_test() as pilot:
+        await send(pilot, app, "first question")
+        await until(pilot, lambda: len(app.store.messages(app.conversation_id)) == 2, "the answer")
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: len(backend.calls) == 2 and not app.generating, "the regeneration")
+        assert [m.role for m in app.store.messages(app.conversation_id)] == ["user", "assistant"]
+        await pilot.press("ctrl+e")
+        assert app.query_one("#input").text == "first question"
+        assert app.store.messages(app.conversation_id) == []
+
+
+async def test_restart_finds_the_conversation(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test() as pilot:
+        await send(pilot, app, "Remember me")
+        await until(pilot, lambda: len(app.store.messages(app.conversation_id)) == 2, "the answer")
+    again = make_app(tmp_path)
+    async with again.run_test() as pilot:
+        await pilot.pause()
+        texts = [v.content for v in again.query(MessageView)]
+        assert texts == ["Remember me", "Hello **world**, this is a scripted answer."]
+
+
+async def test_rewrite_a_file_and_save(tmp_path):
+    doc = tmp_path / "notes.md"
+    original = "first paragraph, with a typo teh.\n\nsecond paragraph.\n"
+    doc.write_text(original)
+    backend = FakeBackend(answer="Rewritten paragraph.")
+    app = make_app(tmp_path, backend, rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
+        await until(pilot, lambda: app.screen.query_one("#go").region.width > 0, "the layout")
+        await pilot.click("#go")
+        await until(pilot, lambda: app.screen.result is not None, "the rewrite")
+        assert backend.calls[-1][1] == "lookup"
+        assert app.screen.result == "Rewritten paragraph."
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+    saved = tmp_path / "notes.rewritten.md"
+    assert saved.read_text() == "Rewritten paragraph.\n"
+    assert doc.read_text() == original
+
+
+async def test_bad_model_path_shows_an_error_screen(tmp_path):
+    app = SpecchatApp(ModelChoice(target=tmp_path / "missing.gguf"), store=Store(tmp_path / "chat.db"),
+                      settings_path=tmp_path / "config.toml")
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "the error screen")
+        assert "model file not found" in app.screen.message
+        assert "missing.gguf" in app.screen.message
+
+
+async def test_invalid_settings_fall_back_with_a_message(tmp_path):
+    (tmp_path / "config.toml").write_text("temperature = -2\nguesser = 'psychic'\n")
+    app = make_app(tmp_path)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        assert app.settings.temperature == 0.0 and app.settings.guesser == "draft"
+        assert len(app._settings_problems) == 2
