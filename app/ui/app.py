@@ -52,18 +52,20 @@ class ChatInput(TextArea):
 
 class SpecchatApp(App[None]):
     CSS_PATH = "specchat.tcss"
+    # Below 120 columns the conversation list hides and the stats panel narrows (see the CSS).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     TITLE = "specchat"
     BINDINGS = [
         Binding("ctrl+n", "new_chat", "New chat", priority=True),
         Binding("escape", "stop", "Stop", show=True),
         Binding("ctrl+r", "regenerate", "Regenerate", priority=True),
-        Binding("ctrl+e", "edit_last", "Edit last", priority=True),
-        Binding("ctrl+y", "copy_answer", "Copy answer", priority=True),
+        Binding("ctrl+e", "edit_last", "Edit last", priority=True, show=False),
+        Binding("ctrl+y", "copy_answer", "Copy answer", priority=True, show=False),
         Binding("ctrl+t", "toggle_provenance", "Provenance", priority=True),
         Binding("ctrl+g", "cycle_guesser", "Guesser", priority=True),
-        Binding("f2", "rename", "Rename"),
-        Binding("ctrl+d", "delete_chat", "Delete", priority=True),
-        Binding("ctrl+x", "export", "Export", priority=True),
+        Binding("f2", "rename", "Rename", show=False),
+        Binding("ctrl+d", "delete_chat", "Delete", priority=True, show=False),
+        Binding("ctrl+x", "export", "Export", priority=True, show=False),
         Binding("ctrl+o", "rewrite", "Rewrite doc", priority=True),
         Binding("ctrl+s", "settings", "Settings"),
         Binding("f1", "help", "Help"),
@@ -71,7 +73,7 @@ class SpecchatApp(App[None]):
     ]
 
     _CHAT_ACTIONS = {"new_chat", "regenerate", "edit_last", "copy_answer", "toggle_provenance", "cycle_guesser",
-                     "delete_chat", "export", "rewrite"}
+                     "delete_chat", "export", "rewrite", "rename"}
 
     def __init__(self, choice: ModelChoice | None = None, backend: Backend | None = None,
                  store: Store | None = None, settings_path: Path | None = None,
@@ -253,7 +255,7 @@ class SpecchatApp(App[None]):
             self.store.add_message(conv, "assistant", event.text, "stopped" if stopped else "complete",
                                    {"summary": summary, "reason": event.reason, "tokens": event.stats.n_tokens,
                                     "acceptance": event.stats.acceptance, "guesser": settings.guesser})
-            self._status(summary)
+            self._status(f"{'stopped' if stopped else 'done'} · guesser {settings.guesser} · Ctrl+R regenerates")
 
         def prefill(event: Prefill) -> None:
             stats.prefill(event.seconds, event.n_prompt, event.cached)

@@ -42,7 +42,7 @@ class RewriteScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         with Horizontal():
             with Vertical(id="doc-pane"):
-                yield Label(f"Original: {self.path}", classes="title")
+                yield Label(f"Original: {self.path.name}", classes="title")
                 yield TextArea(self.original, read_only=True, id="original")
             with Vertical(id="rewrite-pane"):
                 with Horizontal(id="instruction-row"):
