@@ -10,12 +10,15 @@ from typing import Sequence
 from app.errors import SpecchatError
 from app.runtime import GUESSERS, ModelChoice
 
+COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "models", "pull")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
+        argv = ["chat", *argv]  # `specchat [--pair NAME ...]` opens the app
     args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["chat", *(argv if argv is not None else sys.argv[1:])])
     try:
         return int(args.run(args) or 0)
     except SpecchatError as e:

@@ -95,6 +95,7 @@ def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
     check_compatible(target, draft)
     engine, prompter = Engine(target), ChatPrompter(target)
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    per_prompt: dict[str, list[float]] = defaultdict(list)  # greedy agreement of each prompt
     for n, (task, text) in enumerate(load_prompts(args.prompts)):
         prompt = prompter.tokens([Message("user", text)])
         s = sums[task]
@@ -109,6 +110,7 @@ def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
                 continue
             match = (q.argmax(-1) == np.asarray(answer)).tolist()
             s["greedy_agree"] += sum(match)
+            per_prompt[task].append(sum(match) / len(match))
             seq = prompt + answer
             s["lookup_2gram"] += lookup_2gram_hits(seq, len(prompt))
             for k in (4, 8):
@@ -124,6 +126,8 @@ def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
         report[task] = {
             "n_tokens": int(n),
             "greedy_agree": agree,
+            "greedy_agree_min": min(per_prompt[task]),
+            "greedy_agree_max": max(per_prompt[task]),
             "smin_greedy": s["smin_greedy"] / n,
             "smin_sampled": s["smin_sampled"] / max(s["n_sampled"], 1),
             "lookup_2gram": s["lookup_2gram"] / n,
@@ -141,7 +145,7 @@ def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
 
 def _print_measure(report: dict[str, dict[str, float]], target: str, draft: str) -> None:
     print(f"target {target}, draft {draft}")
-    cols = ["n_tokens", "greedy_agree", "smin_greedy", "smin_sampled", "lookup_2gram", "tokens_per_step_k4",
+    cols = ["n_tokens", "greedy_agree", "greedy_agree_min", "greedy_agree_max", "smin_greedy", "smin_sampled", "lookup_2gram", "tokens_per_step_k4",
             "formula_k4", "tokens_per_step_k8", "formula_k8", "lookup_tokens_per_step"]
     widths = [len(c) + 2 for c in cols]
     print(f"{'task':10}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths)))

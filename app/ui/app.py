@@ -144,6 +144,9 @@ class SpecchatApp(App[None]):
         except SpecchatError as e:
             self.call_from_thread(self._fail, str(e))
             return
+        except OSError as e:  # a full disk or an unreadable file while fetching or loading
+            self.call_from_thread(self._fail, f"{e.strerror or e}: {e.filename or ''}".strip(": "))
+            return
         self.call_from_thread(self._backend_ready, backend)
 
     def _progress(self, what: str, done: int, total: int) -> None:
