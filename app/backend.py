@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Protocol, Sequence, Union
 import platformdirs
 
 from app.chat import ChatPrompter, Message
-from app.engine import Done, Engine, Event, GenerationConfig
+from app.engine import Done, Engine, Event, GenerationConfig, final
 from app.fetch import Progress
 from app.guessers import DraftGuesser, Guesser, LookupGuesser, NoGuesser
 from app.llm import Model, check_compatible
@@ -119,8 +119,7 @@ class EngineBackend:
             return Baseline(**cache[key])
         self.engine.guesser = NoGuesser()
         prompt = self.prompter.tokens([Message("user", "Count from one to fifty in words.")])
-        done = [e for e in self.engine.generate(prompt, GenerationConfig(max_tokens=48))][-1]
-        assert isinstance(done, Done)
+        done = final(self.engine.generate(prompt, GenerationConfig(max_tokens=48)))
         baseline = Baseline(done.stats.tokens_per_s,
                             f"plain decoding timed once on this machine ({done.stats.n_tokens} tokens, "
                             f"{time.strftime('%Y-%m-%d')}), cached per model file and thread count")

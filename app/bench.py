@@ -14,24 +14,16 @@ import sys
 from collections import defaultdict
 
 from app.chat import ChatPrompter, Message
-from app.engine import Done, Engine, GenerationConfig, Stats
+from app.engine import Engine, GenerationConfig, Stats, final
+from app.errors import SpecchatError
 from app.guessers import Guesser, NoGuesser
 from app.measure import tokens_per_step_formula
 from app.runtime import ModelChoice, load_target, make_guesser, model_paths
 from app.workload import load_prompts
 
 
-def _run(engine: Engine, prompt: list[int], config: GenerationConfig) -> Stats:
-    for event in engine.generate(prompt, config):
-        if isinstance(event, Done):
-            return event.stats
-    raise AssertionError("generate ended without Done")
-
-
 def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationConfig) -> int:
     if args.repeat < 1:
-        from app.errors import SpecchatError
-
         raise SpecchatError(f"--repeat must be at least 1, got {args.repeat}")
     prompts = load_prompts(args.prompts)
     target_path, draft_path = model_paths(choice)
@@ -47,7 +39,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
         for rep in range(args.repeat):
             for name, guesser in guessers.items():
                 engine.guesser = guesser
-                runs[task][name][rep].append(_run(engine, prompt, config))
+                runs[task][name][rep].append(final(engine.generate(prompt, config)).stats)
         print(f"  prompt {n}/{len(prompts)} ({task}) done", file=sys.stderr)
 
     report: dict[str, dict[str, dict[str, float]]] = {}

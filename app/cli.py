@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -27,6 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specchat: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `specchat models | head`: the reader left, which is not an error
+        sys.stdout = open(os.devnull, "w")
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:

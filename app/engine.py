@@ -10,7 +10,7 @@ import enum
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence, Union
+from typing import Iterable, Iterator, Sequence, Union
 
 import numpy as np
 
@@ -202,6 +202,17 @@ class Engine:
         if sampling.greedy:
             return verify_greedy(draft, logits.argmax(-1))
         return verify(draft, draft_probs, logits_to_probs(logits, sampling), rng)
+
+
+def final(events: Iterable[Event]) -> Done:
+    """Run a generation to the end and return its summary (for callers that don't stream)."""
+    done = None
+    for event in events:
+        if isinstance(event, Done):
+            done = event
+    if done is None:
+        raise RuntimeError("the generation ended without a Done event")
+    return done
 
 
 def _last_source(verdict: Verdict, n_drafted: int) -> Source:

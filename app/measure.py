@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from app.chat import ChatPrompter, Message
-from app.engine import Done, Engine, GenerationConfig
+from app.engine import Engine, GenerationConfig, final
 from app.guessers import lookup
 from app.llm import Model, check_compatible
 from app.runtime import ModelChoice, load_target, model_paths
@@ -79,11 +79,8 @@ def position_probs(model: Model, prompt: Sequence[int], answer: Sequence[int]) -
 
 
 def _answer(engine: Engine, prompt: list[int], max_tokens: int, sampling: SamplingConfig) -> list[int]:
-    for event in engine.generate(prompt, GenerationConfig(sampling, max_tokens)):
-        if isinstance(event, Done):
-            ids = list(event.token_ids)
-            return ids[:-1] if ids and engine.target.is_eog(ids[-1]) else ids
-    raise AssertionError("generate ended without Done")
+    ids = list(final(engine.generate(prompt, GenerationConfig(sampling, max_tokens))).token_ids)
+    return ids[:-1] if ids and engine.target.is_eog(ids[-1]) else ids
 
 
 def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:

@@ -10,7 +10,7 @@ from scipy.stats import chisquare
 
 from app.chat import ChatPrompter, Message
 from app.engine import Done, Engine, GenerationConfig, Prefill, Source, Step
-from app.guessers import DraftGuesser, LookupGuesser, NoGuesser
+from app.guessers import DraftGuesser, LookupGuesser
 from app.llm import ContextFull, Model
 from app.sampling import SamplingConfig, logits_to_probs
 

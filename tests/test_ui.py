@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from app.runtime import ModelChoice
 from app.store import Store
