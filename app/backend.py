@@ -18,7 +18,8 @@ import platformdirs
 from app.chat import ChatPrompter, Message
 from app.engine import Done, Engine, Event, GenerationConfig, final
 from app.fetch import Progress
-from app.guessers import DraftGuesser, Guesser, LookupGuesser, NoGuesser
+from app.cost import load_curve
+from app.guessers import AutoGuesser, DraftGuesser, Guesser, LookupGuesser, NoGuesser
 from app.llm import Model, check_compatible
 from app.runtime import ModelChoice, model_paths
 
@@ -67,15 +68,18 @@ class EngineBackend:
         progress("loading target", 0, 1)
         self.target = Model(target_path, n_ctx=self.choice.n_ctx, n_threads=self.choice.threads)
         self.guessers: dict[str, Guesser] = {"none": NoGuesser(), "lookup": LookupGuesser()}
+        draft = None
         if draft_path is not None:
             progress("loading draft", 0, 1)
             draft = Model(draft_path, n_ctx=self.choice.n_ctx, n_threads=self.choice.threads)
             check_compatible(self.target, draft)
             self.guessers["draft"] = DraftGuesser(draft)
             self.has_draft = True
+        progress("measuring this machine's decode costs (first run only)", 0, 1)
+        self.guessers["auto"] = AutoGuesser(load_curve(self.target, draft), self.guessers.get("draft"))
         self.engine = Engine(self.target)
         self.prompter = ChatPrompter(self.target)
-        self.name = f"{self.target.name}" + (f" + {draft.name}" if self.has_draft else "")
+        self.name = f"{self.target.name}" + (f" + {draft.name}" if draft is not None else "")
         progress("measuring plain decoding", 0, 1)
         self._baseline = self._measure_baseline()
         progress("ready", 1, 1)
@@ -100,7 +104,7 @@ class EngineBackend:
         if dropped:
             yield Notice(f"the conversation is longer than the {self.target.n_ctx}-token context: "
                          f"the oldest {dropped} message(s) were left out of this answer")
-        self.engine.guesser = self.guessers.get(guesser, self.guessers["lookup"])
+        self.engine.guesser = self.guessers.get(guesser, self.guessers["auto"])
         for event in self.engine.generate(prompt, config, cancel):
             if isinstance(event, Done):
                 self.prompter.remember(event.token_ids)

@@ -16,8 +16,9 @@ from collections import defaultdict
 from app.chat import ChatPrompter, Message
 from app.engine import Engine, GenerationConfig, Stats, final
 from app.errors import SpecchatError
-from app.guessers import Guesser, NoGuesser
-from app.measure import tokens_per_step_formula
+from app.cost import load_curve
+from app.guessers import AutoGuesser, Guesser, NoGuesser
+from app.measure import oracle_lookup_seconds, tokens_per_step_formula
 from app.runtime import ModelChoice, load_target, make_guesser, model_paths
 from app.workload import load_prompts
 
@@ -25,12 +26,15 @@ from app.workload import load_prompts
 def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationConfig) -> int:
     if args.repeat < 1:
         raise SpecchatError(f"--repeat must be at least 1, got {args.repeat}")
-    prompts = load_prompts(args.prompts)
+    prompts = [item for path in args.prompts for item in load_prompts(path)]
     target_path, draft_path = model_paths(choice)
     target = load_target(target_path, choice)
     guessers: dict[str, Guesser] = {"plain": NoGuesser()}
     guessers.update({name: make_guesser(name, target, draft_path, choice) for name in args.guesser})
     engine, prompter = Engine(target), ChatPrompter(target)
+    auto = guessers.get("auto")
+    curve = auto.curve if isinstance(auto, AutoGuesser) else load_curve(target, None)
+    oracle: dict[str, list[tuple[float, float]]] = defaultdict(list)  # task -> (plain s, oracle s)
     # runs[task][guesser][repeat] -> list of Stats over that task's prompts
     runs: dict[str, dict[str, list[list[Stats]]]] = defaultdict(
         lambda: {g: [[] for _ in range(args.repeat)] for g in guessers})
@@ -39,7 +43,12 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
         for rep in range(args.repeat):
             for name, guesser in guessers.items():
                 engine.guesser = guesser
-                runs[task][name][rep].append(final(engine.generate(prompt, config)).stats)
+                done = final(engine.generate(prompt, config))
+                runs[task][name][rep].append(done.stats)
+                if name == "plain" and rep == 0:
+                    seq = prompt + list(done.token_ids)
+                    oracle[task].append((float(curve.verify(1)) * len(done.token_ids),
+                                         oracle_lookup_seconds(seq, len(prompt), curve)))
         print(f"  prompt {n}/{len(prompts)} ({task}) done", file=sys.stderr)
 
     report: dict[str, dict[str, dict[str, float]]] = {}
@@ -60,6 +69,9 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
                 "tokens_per_s": statistics.median(tps),
                 "speedup_vs_plain": statistics.median(t / p for t, p in zip(tps, plain_tps)),
             }
+    for task, pairs in oracle.items():
+        bound = sum(p for p, _ in pairs) / sum(o for _, o in pairs)
+        report[task]["oracle"] = {"speedup_vs_plain": bound}
     _print_bench(report, target.name, args.repeat)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -82,5 +94,8 @@ def _print_bench(report: dict[str, dict[str, dict[str, float]]], target: str, re
     print(f"{'task':10}{'guesser':9}{'k':>4}{'acceptance':>12}{'alpha':>7}{'tok/step':>10}{'formula':>9}{'tok/s':>8}{'speedup':>9}")
     for task, rows in report.items():
         for name, r in rows.items():
+            if name == "oracle":
+                print(f"{task:10}{'oracle bound (lookup, from the cost curve)':57}{r['speedup_vs_plain']:>8.2f}x")
+                continue
             print(f"{task:10}{name:9}{r['k']:>4}{r['acceptance']:>12.3f}{r['alpha']:>7.3f}{r['tokens_per_step']:>10.2f}"
                   f"{r['formula_tokens_per_step']:>9.2f}{r['tokens_per_s']:>8.1f}{r['speedup_vs_plain']:>8.2f}x")

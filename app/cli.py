@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     g.set_defaults(run=_generate)
 
     b = sub.add_parser("bench", help="plain vs speculative decoding on a prompt set, side by side")
-    b.add_argument("--prompts", type=Path, required=True, help="JSONL of {task, prompt}")
+    b.add_argument("--prompts", type=Path, nargs="+", required=True, help="JSONL files of {task, prompt}")
     b.add_argument("--json", type=Path, default=None, help="write the report here")
     b.add_argument("--repeat", type=int, default=3, help="runs per prompt and guesser; medians are reported")
     _model_args(b, multi_guesser=True)
@@ -62,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     b.set_defaults(run=_bench)
 
     m = sub.add_parser("measure", help="acceptance measurements of a pair (the reference's method)")
-    m.add_argument("--prompts", type=Path, required=True, help="JSONL of {task, prompt}")
+    m.add_argument("--prompts", type=Path, nargs="+", required=True, help="JSONL files of {task, prompt}")
     m.add_argument("--json", type=Path, default=None, help="write the report here")
     m.add_argument("--max-tokens", type=int, default=120)
     m.add_argument("--seed", type=int, default=0)
@@ -85,12 +85,14 @@ def _model_args(p: argparse.ArgumentParser, guesser: bool = True, multi_guesser:
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     if multi_guesser:
-        p.add_argument("--guesser", nargs="+", choices=GUESSERS[1:], default=["draft", "lookup"])
+        p.add_argument("--guesser", nargs="+", choices=[g for g in GUESSERS if g != "none"],
+                       default=["auto", "draft", "lookup"])
     elif guesser:
-        p.add_argument("--guesser", choices=GUESSERS, default=None,
-                       help="default: draft when a draft model is available, else lookup")
+        p.add_argument("--guesser", choices=GUESSERS, default="auto",
+                       help="auto (default) picks lookup, the draft or nothing at each step, by cost")
     if guesser:
-        p.add_argument("--k", type=int, default=None, help="draft length (default: 4 for draft, 10 for lookup)")
+        p.add_argument("--k", type=int, default=None,
+                       help="draft length (default: 4 for draft, 10 for lookup; the most auto may use: 16)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 512) -> None:
@@ -143,7 +145,7 @@ def _generate(args: argparse.Namespace) -> int:
     choice = _choice(args)
     target_path, draft_path = model_paths(choice, progress=_progress)
     target = load_target(target_path, choice)
-    name = args.guesser or ("draft" if draft_path else "lookup")
+    name = args.guesser
     engine = Engine(target, make_guesser(name, target, draft_path, choice))
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]
     for event in engine.generate(ChatPrompter(target).tokens(messages), config):

@@ -56,6 +56,7 @@ class Step:
     accepted: int
     draft_s: float
     verify_s: float
+    source: str = "none"  # the guesser behind this step's guess: "none", "lookup" or "draft"
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,8 @@ class Engine:
             released = text.push("".join(t.text for t in tokens))
             answer.append(released)
             step = Step(tuple(tokens), released, len(proposal.tokens), verdict.n_accepted,
-                        t_verify - t_draft, t_end - t_verify)
+                        t_verify - t_draft, t_end - t_verify, proposal.source)
+            self.guesser.observe(step.drafted, step.accepted, step.draft_s, step.verify_s)
             stats = stats.add_step(step)
             yield step
             if reason == "eog":

@@ -8,10 +8,11 @@ and, if it sampled them, the distributions it sampled from; deterministic propos
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from app.controller import Acceptance, CostCurve, best_k, keep_drafting
 from app.llm import Model
 from app.sampling import SamplingConfig, logits_to_probs, sample
 
@@ -20,6 +21,7 @@ from app.sampling import SamplingConfig, logits_to_probs, sample
 class Proposal:
     tokens: list[int]
     probs: np.ndarray | None  # (len(tokens), V) or None for deterministic proposals
+    source: str = "none"  # which guesser made it: "none", "lookup" or "draft"
 
     @staticmethod
     def empty() -> "Proposal":
@@ -37,6 +39,9 @@ class Guesser(Protocol):
                 rng: np.random.Generator) -> Proposal:
         """Up to k tokens likely to follow context (which ends with the last committed token)."""
 
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """What the step made of the last proposal, for guessers that learn."""
+
 
 class NoGuesser:
     """Plain decoding through the same engine: every step verifies nothing and samples one token."""
@@ -50,6 +55,9 @@ class NoGuesser:
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
         return Proposal.empty()
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        pass
 
 
 class LookupGuesser:
@@ -68,12 +76,20 @@ class LookupGuesser:
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
-        return Proposal(lookup(context, k, self.max_ngram), None)
+        return Proposal(lookup(context, k, self.max_ngram), None, "lookup")
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        pass
 
 
 def lookup(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
+    return lookup_match(context, k, max_ngram)[0]
+
+
+def lookup_match(context: Sequence[int], k: int, max_ngram: int = 3) -> tuple[list[int], int]:
+    """The proposal and the length of the n-gram that matched (0: no match)."""
     if k <= 0:
-        return []
+        return [], 0
     seq = np.asarray(context, dtype=np.int64)
     n = len(seq)
     for ng in range(min(max_ngram, n - 1), 0, -1):
@@ -84,8 +100,8 @@ def lookup(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
         hits = np.flatnonzero(match)
         if len(hits):
             j = hits[-1] + ng
-            return seq[j:min(j + k, n)].tolist()
-    return []
+            return seq[j:min(j + k, n)].tolist(), ng
+    return [], 0
 
 
 class DraftGuesser:
@@ -102,6 +118,12 @@ class DraftGuesser:
 
     def __init__(self, model: Model) -> None:
         self.model = model
+        # Optional early stop: given the draft's probabilities for the tokens drafted so far,
+        # is one more worth it? (Set by AutoGuesser from the cost model.)
+        self.keep_going: Callable[[list[float]], bool] | None = None
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        pass
 
     def prepare(self, context: Sequence[int]) -> None:
         self._sync(context)
@@ -114,6 +136,7 @@ class DraftGuesser:
         session = self.model.session
         tokens: list[int] = []
         rows: list[np.ndarray] = []
+        confidences: list[float] = []
         for i in range(k):
             if sampling.greedy:
                 tokens.append(int(logits[-1].argmax()))
@@ -121,9 +144,13 @@ class DraftGuesser:
                 q = logits_to_probs(logits[-1], sampling)
                 tokens.append(sample(q, rng))
                 rows.append(q)
+            if self.keep_going is not None:
+                confidences.append(_confidence(logits[-1], tokens[-1], rows[-1] if rows else None))
+                if not self.keep_going(confidences):
+                    break
             if i < k - 1:
                 logits = session.decode(tokens[-1:], "last")
-        return Proposal(tokens, None if sampling.greedy else np.stack(rows))
+        return Proposal(tokens, None if sampling.greedy else np.stack(rows), "draft")
 
     def _sync(self, context: Sequence[int]) -> np.ndarray:
         """Bring the cache to exactly `context` and return the logits after its last token."""
@@ -132,3 +159,83 @@ class DraftGuesser:
         keep = min(session.common_prefix(context), len(context) - 1)
         session.rewind(keep)
         return session.decode(context[keep:], "last")
+
+
+def _confidence(logits: np.ndarray, token: int, probs: np.ndarray | None) -> float:
+    """The draft's probability for its own token: a free estimate of acceptance."""
+    if probs is not None:
+        return float(probs[token])
+    shifted = np.exp(logits - logits.max(), dtype=np.float64)
+    return float(shifted[token] / shifted.sum())
+
+
+class AutoGuesser:
+    """Per step, the guess that maximizes expected tokens per second: prompt lookup when a match
+    is worth it, the draft model when that pays, or nothing (a plain step).
+
+    Acceptance is estimated online, per draft and per lookup match length; costs come from the
+    measured curve, kept current from real steps. On a GPU, where verifying many positions costs
+    about as much as one, this picks long guesses; on a small CPU, short ones or none.
+    """
+
+    name = "auto"
+    default_k = 16
+
+    def __init__(self, curve: CostCurve, draft: DraftGuesser | None = None, max_ngram: int = 3) -> None:
+        self.curve, self.draft, self.max_ngram = curve, draft, max_ngram
+        # Lookup acceptance per (match length, whether the last lookup step was accepted in full):
+        # inside a passage the answer copies, guesses keep landing; outside, they rarely do.
+        self.lookup_acceptance = {(n, run): Acceptance(3.0, 4.0) if run else Acceptance()
+                                  for n in range(1, max_ngram + 1) for run in (False, True)}
+        self._copying = False
+        self.draft_acceptance = Acceptance()
+        self._last: tuple[str, int, bool] = ("none", 0, False)
+        if draft is not None:
+            draft.keep_going = lambda confidences: keep_drafting(confidences, self.curve)
+
+    def prepare(self, context: Sequence[int]) -> None:
+        if self.draft is not None:
+            self.draft.prepare(context)
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        choice, best = ("none", 0, None), 1.0 / float(self.curve.verify(1))
+        found, ngram = lookup_match(context, k, self.max_ngram)
+        if found:
+            n, rate = self._plan(self.lookup_acceptance[ngram, self._copying], len(found), 0.0)
+            if rate > best:
+                choice, best = ("lookup", n, ngram), rate
+        if self.draft is not None:
+            n, rate = self._plan(self.draft_acceptance, k, self.curve.draft_s)
+            if rate > best:
+                choice, best = ("draft", n, None), rate
+        source, n, ngram = choice
+        self._last = (source, ngram or 0, self._copying)
+        if source == "lookup":
+            return Proposal(found[:n], None, "lookup")
+        if source == "draft":
+            assert self.draft is not None
+            return self.draft.propose(context, n, sampling, rng)
+        return Proposal.empty()
+
+    def _plan(self, estimate: Acceptance, k_max: int, draft_s: float) -> tuple[int, float]:
+        """How many guesses to make from this source, and the rate that ranks it. The rate is
+        optimistic (so an untried source gets tried), but the length follows the estimate
+        itself: a source that is only being probed gets one guess, which costs little."""
+        n, _ = best_k(estimate.alpha, k_max, self.curve, draft_s)
+        _, rate = best_k(estimate.optimistic, k_max, self.curve, draft_s)
+        return max(n, 1), rate
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        source, ngram, copying = self._last
+        self.curve.observe_verify(drafted + 1, verify_s)
+        self._copying = source == "lookup" and accepted == drafted
+        if source == "lookup":
+            self.lookup_acceptance[ngram, copying].observe(accepted, accepted < drafted)
+        elif source == "draft":
+            self.draft_acceptance.observe(accepted, accepted < drafted)
+            self.curve.observe_draft(drafted, draft_s)
+        # An option never chosen is never measured again: estimates that ruled a guesser out
+        # drift back towards the prior, so that it is retried now and then.
+        for estimate in [self.draft_acceptance, *self.lookup_acceptance.values()]:
+            estimate.relax()

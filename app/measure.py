@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from app.chat import ChatPrompter, Message
+from app.controller import CostCurve
 from app.engine import Engine, GenerationConfig, final
 from app.guessers import lookup
 from app.llm import Model, check_compatible
@@ -56,6 +57,20 @@ def replay_lookup(seq: Sequence[int], start: int, max_ngram: int = 3, num: int =
     return len(seq) - start, steps
 
 
+def oracle_lookup_seconds(seq: Sequence[int], start: int, curve: CostCurve, max_ngram: int = 3) -> float:
+    """Decode time of seq[start:] for a controller that knows, at every step, how many of prompt
+    lookup's guesses the target will accept, and drafts exactly those (none if none)."""
+    i, seconds = start, 0.0
+    while i < len(seq):
+        prop = lookup(seq[:i], 64, max_ngram)
+        r = 0
+        while r < len(prop) and i + r < len(seq) and prop[r] == seq[i + r]:
+            r += 1
+        seconds += float(curve.verify(r + 1))
+        i += r + 1
+    return seconds
+
+
 def lookup_2gram_hits(seq: Sequence[int], start: int) -> int:
     """Positions whose token a 2-gram lookup (most recent earlier occurrence) predicts."""
     hits = 0
@@ -93,7 +108,7 @@ def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
     engine, prompter = Engine(target), ChatPrompter(target)
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     per_prompt: dict[str, list[float]] = defaultdict(list)  # greedy agreement of each prompt
-    for n, (task, text) in enumerate(load_prompts(args.prompts)):
+    for n, (task, text) in enumerate([item for path in args.prompts for item in load_prompts(path)]):
         prompt = prompter.tokens([Message("user", text)])
         s = sums[task]
         for kind, sampling in (("greedy", SamplingConfig()), ("sampled", SamplingConfig(1.0, seed=args.seed + n))):

@@ -10,7 +10,7 @@ from typing import Callable
 
 from app.chat import Message
 from app.errors import SpecchatError
-from app.settings import atomic_write
+from app.files import atomic_write
 
 PRESETS = {
     "Fix grammar": "Fix the grammar, spelling and punctuation. Change nothing else.",

@@ -8,10 +8,10 @@ from pathlib import Path
 from app.catalog import Catalog, load_catalog
 from app.errors import SpecchatError
 from app.fetch import Progress, resolve
-from app.guessers import DraftGuesser, Guesser, LookupGuesser, NoGuesser
+from app.guessers import AutoGuesser, DraftGuesser, Guesser, LookupGuesser, NoGuesser
 from app.llm import Model, check_compatible
 
-GUESSERS = ("none", "draft", "lookup")
+GUESSERS = ("auto", "none", "draft", "lookup")
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,19 @@ def make_guesser(name: str, target: Model, draft_path: Path | None, choice: Mode
         return NoGuesser()
     if name == "lookup":
         return LookupGuesser()
+    if name == "auto":
+        from app.cost import load_curve
+
+        draft = _load_draft(target, draft_path, choice) if draft_path is not None else None
+        return AutoGuesser(load_curve(target, draft.model if draft else None), draft)
     if name == "draft":
         if draft_path is None:
             raise SpecchatError("the draft guesser needs a draft model: pass --draft PATH or use a --pair")
-        draft = Model(draft_path, n_ctx=choice.n_ctx, n_threads=choice.threads)
-        check_compatible(target, draft)
-        return DraftGuesser(draft)
+        return _load_draft(target, draft_path, choice)
     raise SpecchatError(f"unknown guesser {name!r}; choose one of {', '.join(GUESSERS)}")
+
+
+def _load_draft(target: Model, path: Path, choice: ModelChoice) -> DraftGuesser:
+    draft = Model(path, n_ctx=choice.n_ctx, n_threads=choice.threads)
+    check_compatible(target, draft)
+    return DraftGuesser(draft)

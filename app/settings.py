@@ -5,8 +5,6 @@ An invalid value never stops the app: it is reported in one line and the default
 
 from __future__ import annotations
 
-import os
-import tempfile
 import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -15,6 +13,7 @@ import platformdirs
 
 from app.engine import GenerationConfig
 from app.errors import SpecchatError
+from app.files import atomic_write
 from app.runtime import GUESSERS
 from app.sampling import SamplingConfig
 
@@ -27,7 +26,7 @@ class Settings:
     top_k: int = 0
     min_p: float = 0.0
     max_tokens: int = 512
-    guesser: str = "draft"
+    guesser: str = "auto"
     draft_length: int = 0  # 0: the guesser's default
     pair: str = ""  # "": the catalog's default pair
 
@@ -86,17 +85,3 @@ def save_settings(settings: Settings, path: Path | None = None) -> None:
             value = '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
         lines.append(f"{key} = {value}")
     atomic_write(path, "\n".join(lines) + "\n")
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: readers see old or new, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -41,6 +41,9 @@ def wait_for(session: str, pattern: str, timeout: float) -> str:
 def test_chat_in_a_real_terminal(tmp_path, qwen_paths):
     session = f"specchat-e2e-{os.getpid()}"
     env = {"XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config"), "TERM": "xterm-256color"}
+    # The draft guesser, so that acceptance comes from the draft model (auto may skip it on a CPU).
+    (tmp_path / "config" / "specchat").mkdir(parents=True)
+    (tmp_path / "config" / "specchat" / "config.toml").write_text('guesser = "draft"\n')
     command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     command += f" {shlex.quote(sys.executable)} -m app.cli"
     tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", "-c", str(REPO), command)

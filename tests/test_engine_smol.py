@@ -10,7 +10,8 @@ from scipy.stats import chisquare
 
 from app.chat import ChatPrompter, Message
 from app.engine import Done, Engine, GenerationConfig, Prefill, Source, Step
-from app.guessers import DraftGuesser, LookupGuesser
+from app.controller import CostCurve
+from app.guessers import AutoGuesser, DraftGuesser, LookupGuesser
 from app.llm import ContextFull, Model
 from app.sampling import SamplingConfig, logits_to_probs
 
@@ -53,14 +54,27 @@ def _exact_two_token_distribution(model: Model, prompt: list[int], sampling: Sam
     return joint
 
 
-@pytest.mark.parametrize("guesser", ["lookup", "self-draft"])
+def flat_curve() -> CostCurve:
+    """A GPU-like cost curve, so that the auto guesser guesses (and drafts) freely."""
+    return CostCurve([0.010 + 0.0002 * n for n in range(16)], draft_s=0.001)
+
+
+def make(guesser: str, draft: Model):
+    if guesser == "lookup":
+        return LookupGuesser()
+    if guesser == "self-draft":
+        return DraftGuesser(draft)
+    return AutoGuesser(flat_curve(), DraftGuesser(draft))
+
+
+@pytest.mark.parametrize("guesser", ["lookup", "self-draft", "auto"])
 def test_first_two_tokens_follow_the_targets_distribution(smol, smol_draft, guesser):
     # Repetitive text, so that prompt lookup proposes continuations the target often but not
     # always accepts: both the acceptance and the residual path are exercised.
     prompt = smol.tokenize("one two three four five, one two three four five, one two three", add_bos=False)
     sampling = SamplingConfig(temperature=1.0, top_k=6)
     exact = _exact_two_token_distribution(smol, prompt, sampling)
-    engine = Engine(smol, LookupGuesser() if guesser == "lookup" else DraftGuesser(smol_draft))
+    engine = Engine(smol, make(guesser, smol_draft))
     n, counts, accepted, rejections = 3000, {}, 0, 0
     for seed in range(n):
         done = run(engine, prompt, GenerationConfig(SamplingConfig(1.0, top_k=6, seed=seed), max_tokens=2))

@@ -11,7 +11,8 @@ import pytest
 
 from app.chat import ChatPrompter, Message
 from app.engine import Done, Engine, GenerationConfig
-from app.guessers import DraftGuesser, LookupGuesser
+from app.controller import CostCurve
+from app.guessers import AutoGuesser, DraftGuesser, LookupGuesser
 from app.llm import Model, check_compatible
 
 pytestmark = pytest.mark.real
@@ -68,14 +69,18 @@ def _explain_divergence(plain: RecordingEngine, spec: RecordingEngine, plain_ids
                  f"evaluations of this position differ by up to {noise:.3f} in their logits")
 
 
-@pytest.mark.parametrize("guesser", ["draft", "lookup"])
+@pytest.mark.parametrize("guesser", ["draft", "lookup", "auto"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_speculative_greedy_equals_plain(pair, guesser, case):
     target, draft = pair
     prompt = ChatPrompter(target).tokens([Message("user", CASES[case])])
     config = GenerationConfig(max_tokens=64)
     plain = RecordingEngine(target)
-    spec = RecordingEngine(target, DraftGuesser(draft) if guesser == "draft" else LookupGuesser())
+    guessers = {"draft": lambda: DraftGuesser(draft), "lookup": LookupGuesser,
+                # A GPU-like cost curve, so that the controller drafts (with early stops) and looks up.
+                "auto": lambda: AutoGuesser(CostCurve([0.01 + 0.0002 * n for n in range(16)], 0.001),
+                                            DraftGuesser(draft))}
+    spec = RecordingEngine(target, guessers[guesser]())
     plain_ids, spec_ids = plain.run(prompt, config), spec.run(prompt, config)
     if spec_ids == plain_ids:
         return

@@ -72,7 +72,7 @@ async def test_switch_guesser(tmp_path):
     app = make_app(tmp_path, backend)
     async with app.run_test() as pilot:
         await until(pilot, lambda: app.ready, "models to load")
-        assert app.settings.guesser == "draft"
+        assert app.settings.guesser == "auto"
         await pilot.press("ctrl+g")
         assert app.settings.guesser == "none"
         await send(pilot, app, "hi")
@@ -141,5 +141,5 @@ async def test_invalid_settings_fall_back_with_a_message(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test() as pilot:
         await until(pilot, lambda: app.ready, "models to load")
-        assert app.settings.temperature == 0.0 and app.settings.guesser == "draft"
+        assert app.settings.temperature == 0.0 and app.settings.guesser == "auto"
         assert len(app._settings_problems) == 2

@@ -19,7 +19,8 @@ from app.chat import Message
 from app.engine import Done, Prefill, Step
 from app.errors import SpecchatError
 from app.runtime import ModelChoice
-from app.settings import Settings, atomic_write, load_settings, save_settings
+from app.files import atomic_write
+from app.settings import Settings, load_settings, save_settings
 from app.store import Store
 from app.ui.screens import ConfirmScreen, ErrorScreen, HelpScreen, PromptScreen, SettingsScreen
 from app.ui.streaming import pump
@@ -319,7 +320,7 @@ class SpecchatApp(App[None]):
                                      else "off"))
 
     def action_cycle_guesser(self) -> None:
-        options = ["none", "lookup"] + (["draft"] if self.backend and self.backend.has_draft else [])
+        options = ["auto", "none", "lookup"] + (["draft"] if self.backend and self.backend.has_draft else [])
         nxt = options[(options.index(self.settings.guesser) + 1) % len(options)] if self.settings.guesser in options \
             else options[0]
         self._apply_settings(Settings(**{**self.settings.__dict__, "guesser": nxt}))

@@ -133,6 +133,8 @@ class StatsPanel(Vertical):
             f"tok/step  {n_tokens / len(steps):6.2f}" if steps else "tok/step       –",
             f"accept    {accepted / drafted:6.0%}  ({accepted}/{drafted})" if drafted else "accept         –",
             f"draft len {steps[-1].drafted:6d}" if steps else "draft len      –",
+            "steps     " + ", ".join(f"{n} {src}" for src, n in Counter(s.source for s in steps).most_common())
+            if steps else "steps          –",
             f"speedup   {tps / base:6.2f}x" if steps and base else "speedup        –",
         ]
         self.query_one("#numbers", Static).update("\n".join(lines))

@@ -1,0 +1,89 @@
+"""Measuring a model's decode cost curve on this machine, cached per model file, backend and threads."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import llama_cpp
+import platformdirs
+
+from app.controller import CostCurve
+from app.files import atomic_write
+from app.llm import Model
+
+MAX_POSITIONS = 32
+_MEASURED = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)  # the rest is interpolated
+_CONTEXT = 128  # timings are taken at this position, a typical early-answer depth
+
+
+def cache_path() -> Path:
+    return Path(platformdirs.user_cache_dir("specchat")) / "costs.json"
+
+
+def _key(model: Model) -> str:
+    st = model.path.stat()
+    backend = "gpu" if llama_cpp.llama_supports_gpu_offload() else "cpu"
+    return f"{model.path.resolve()}|{st.st_size}|{backend}|{model.n_threads}"
+
+
+def _time_decode(model: Model, n: int, repeats: int = 3) -> float:
+    session = model.session
+    base = len(session.tokens)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        session.decode([model.n_vocab // 2] * n, "all")
+        times.append(time.perf_counter() - t0)
+        session.rewind(base)
+    return statistics.median(times)
+
+
+def measure_curve(target: Model, draft: Model | None) -> CostCurve:
+    """Time verifying n = 1..32 positions on the target, and one draft token (about 10 s on a
+    2-core CPU for a 1.5B target; a GPU takes a fraction of that)."""
+    sessions = [m.session for m in (target, draft) if m is not None]
+    for s in sessions:
+        s.rewind(0)
+        s.decode([1] * _CONTEXT, "none")
+    measured = {n: _time_decode(target, n) for n in _MEASURED}
+    curve = [0.0] * MAX_POSITIONS
+    points = sorted(measured)
+    for n in range(1, MAX_POSITIONS + 1):
+        lo = max(p for p in points if p <= n)
+        hi = min(p for p in points if p >= n)
+        w = 0.0 if hi == lo else (n - lo) / (hi - lo)
+        curve[n - 1] = measured[lo] * (1 - w) + measured[hi] * w
+    draft_s = _time_decode(draft, 1, repeats=5) if draft is not None else 0.0
+    for s in sessions:
+        s.rewind(0)
+    return CostCurve(curve, draft_s)
+
+
+def load_curve(target: Model, draft: Model | None) -> CostCurve:
+    """The cached curve for this model, backend and thread count, measured on first use."""
+    key = (_key(target), _key(draft) if draft is not None else "")
+    try:
+        cache = json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        cache = {}
+    entry = cache.get("|".join(key))
+    if entry is not None and len(entry.get("verify_s", [])) == MAX_POSITIONS:
+        return CostCurve(list(entry["verify_s"]), float(entry["draft_s"]))
+    curve = measure_curve(target, draft)
+    save_curve(target, draft, curve)
+    return curve
+
+
+def save_curve(target: Model, draft: Model | None, curve: CostCurve) -> None:
+    key = "|".join((_key(target), _key(draft) if draft is not None else ""))
+    path = cache_path()
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    cache[key] = {"verify_s": curve.verify_s, "draft_s": curve.draft_s, "measured": time.strftime("%Y-%m-%d")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(cache, indent=1))
