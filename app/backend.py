@@ -76,7 +76,8 @@ class EngineBackend:
             self.guessers["draft"] = DraftGuesser(draft)
             self.has_draft = True
         progress("measuring this machine's decode costs (first run only)", 0, 1)
-        self.guessers["auto"] = AutoGuesser(load_curve(self.target, draft), self.guessers.get("draft"))
+        # Its own DraftGuesser (same model): auto sets an early stop that plain `draft` must not get.
+        self.guessers["auto"] = AutoGuesser(load_curve(self.target, draft), DraftGuesser(draft) if draft else None)
         self.engine = Engine(self.target)
         self.prompter = ChatPrompter(self.target)
         self.name = f"{self.target.name}" + (f" + {draft.name}" if draft is not None else "")

@@ -47,7 +47,7 @@ class FakeBackend:
             chunk = words[start:start + 3]
             sources = [Source.DRAFT] * (len(chunk) - 1) + [Source.CORRECTION]
             tokens = tuple(Token(len(ids) + i, w, s) for i, (w, s) in enumerate(zip(chunk, sources)))
-            step = Step(tokens, "".join(chunk), 3, len(chunk) - 1, 0.01, 0.03)
+            step = Step(tokens, "".join(chunk), 3, len(chunk) - 1, 0.01, 0.03, "draft")
             ids += [t.id for t in tokens]
             text += step.text
             stats = stats.add_step(step)

@@ -86,4 +86,4 @@ def test_generate_offline_with_models_on_disk(smol_path, tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     stats = result.stderr.strip().splitlines()[-1]
-    assert stats.startswith("[draft]") and "tokens/step" in stats
+    assert stats.startswith("[auto]") and "tokens/step" in stats

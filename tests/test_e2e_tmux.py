@@ -51,7 +51,7 @@ def test_chat_in_a_real_terminal(tmp_path, qwen_paths):
         wait_for(session, r"ready · guesser draft", timeout=300)
         tmux("send-keys", "-t", session, "-l", "Rewrite formally: the meeting is moved to friday, pls tell everyone.")
         tmux("send-keys", "-t", session, "Enter")
-        text = wait_for(session, r"tok/step · acceptance", timeout=300)
+        text = wait_for(session, r"done · guesser draft", timeout=300)
         accept = re.search(r"accept\s+(\d+)%\s+\((\d+)/(\d+)\)", text)
         assert accept, text
         assert int(accept.group(2)) > 0, f"no drafted token was accepted:\n{text}"

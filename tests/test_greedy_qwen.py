@@ -4,6 +4,7 @@ default pair and with both guessers."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -72,19 +73,26 @@ def _explain_divergence(plain: RecordingEngine, spec: RecordingEngine, plain_ids
 @pytest.mark.parametrize("guesser", ["draft", "lookup", "auto"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_speculative_greedy_equals_plain(pair, guesser, case):
+    """Every one of 64 tokens is checked: equal, or a reported near-tie. After a near-tie both
+    runs continue from the same text (the speculative choice), so one flip does not end the
+    comparison."""
     target, draft = pair
     prompt = ChatPrompter(target).tokens([Message("user", CASES[case])])
-    config = GenerationConfig(max_tokens=64)
-    plain = RecordingEngine(target)
     guessers = {"draft": lambda: DraftGuesser(draft), "lookup": LookupGuesser,
                 # A GPU-like cost curve, so that the controller drafts (with early stops) and looks up.
                 "auto": lambda: AutoGuesser(CostCurve([0.01 + 0.0002 * n for n in range(16)], 0.001),
                                             DraftGuesser(draft))}
-    spec = RecordingEngine(target, guessers[guesser]())
-    plain_ids, spec_ids = plain.run(prompt, config), spec.run(prompt, config)
-    if spec_ids == plain_ids:
-        return
-    tie, report = _explain_divergence(plain, spec, plain_ids, spec_ids)
-    # The comparison stays exact: a difference is either this reported near-tie, or a failure.
-    assert tie, "not a near-tie, the engine is wrong: " + report
-    pytest.xfail("floating-point near-tie between batched and single-token evaluation: " + report)
+    plain, spec = RecordingEngine(target), RecordingEngine(target, guessers[guesser]())
+    left, ties = 64, []
+    while left > 0:
+        config = GenerationConfig(max_tokens=left)
+        plain_ids, spec_ids = plain.run(prompt, config), spec.run(prompt, config)
+        if spec_ids == plain_ids:
+            break
+        tie, report = _explain_divergence(plain, spec, plain_ids, spec_ids)
+        assert tie, "not a near-tie, the engine is wrong: " + report
+        ties.append(report)
+        i = next(i for i, (a, b) in enumerate(zip(plain_ids, spec_ids)) if a != b)
+        prompt, left = prompt + list(spec_ids[:i + 1]), left - (i + 1)
+    for report in ties:
+        warnings.warn(f"near-tie between batched and single-token evaluation ({guesser}): {report}")

@@ -166,7 +166,7 @@ class SpecchatApp(App[None]):
         if self.settings.guesser == "draft" and not backend.has_draft:
             self.settings = Settings(**{**self.settings.__dict__, "guesser": "lookup"})
         self.query_one("#progress").display = False
-        self._status(f"{backend.name} ready · guesser {self.settings.guesser}")
+        self._status(f"ready · guesser {self.settings.guesser} · {backend.name}")
         self.query_one(StatsPanel).reset(backend.name, backend.baseline(), self.settings.guesser)
         if self.rewrite_file is not None:
             path, self.rewrite_file = self.rewrite_file, None
