@@ -1,0 +1,38 @@
+from pathlib import Path
+
+from app.rewrite import diff_lines, output_path, save, split_paragraphs
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def test_chunks_keep_paragraphs_whole_and_fit():
+    paras = [" ".join(f"w{p}_{i}" for i in range(n)) for p, n in enumerate([30, 30, 50, 10, 80])]
+    chunks = split_paragraphs("\n\n".join(paras), 70, words)
+    assert all(words(c) <= 70 for c in chunks if "w4_" not in c)
+    assert [c for c in chunks if "w4_" in c] == [paras[4]]  # no sentence ends: it stands alone
+    assert "\n\n".join(chunks).split() == "\n\n".join(paras).split()  # nothing lost, order kept
+    assert chunks[0] == "\n\n".join(paras[:2])
+
+
+def test_a_paragraph_longer_than_the_budget_splits_at_sentences():
+    para = " ".join(f"Sentence number {i} is here." for i in range(20))
+    chunks = split_paragraphs(para, 30, words)
+    assert len(chunks) > 1 and all(c.endswith(".") for c in chunks)
+    assert " ".join(chunks).split() == para.split()
+
+
+def test_output_path_never_reuses_an_existing_file(tmp_path: Path):
+    doc = tmp_path / "notes.md"
+    doc.write_text("x")
+    first = output_path(doc)
+    assert first.name == "notes.rewritten.md"
+    save("y", first)
+    assert output_path(doc).name == "notes.rewritten-2.md"
+    assert doc.read_text() == "x"
+
+
+def test_diff_marks_changed_lines():
+    lines = diff_lines("a\nb\n", "a\nc\n", "f")
+    assert "-b" in lines and "+c" in lines
