@@ -11,7 +11,7 @@ from typing import Sequence
 from app.errors import SpecchatError
 from app.runtime import GUESSERS, ModelChoice
 
-COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "models", "pull")
+COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "costs", "models", "pull")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     _model_args(m, guesser=False)
     m.set_defaults(run=_measure)
+
+    co = sub.add_parser("costs", help="this machine's decode cost curve for a pair (measured once, cached)")
+    _model_args(co, guesser=False)
+    co.set_defaults(run=_costs)
 
     ls = sub.add_parser("models", help="list the catalog and what is on disk")
     ls.set_defaults(run=_models)
@@ -173,6 +177,27 @@ def _measure(args: argparse.Namespace) -> int:
     from app.measure import run_measure
 
     return run_measure(args, _choice(args))
+
+
+def _costs(args: argparse.Namespace) -> int:
+    from app.cost import load_curve
+    from app.llm import Model, check_compatible
+    from app.runtime import load_target, model_paths
+
+    choice = _choice(args)
+    target_path, draft_path = model_paths(choice, progress=_progress)
+    target = load_target(target_path, choice)
+    draft = Model(draft_path, n_ctx=choice.n_ctx, n_threads=choice.threads) if draft_path else None
+    if draft is not None:
+        check_compatible(target, draft)
+    curve = load_curve(target, draft)
+    one = curve.verify_s[0]
+    print(f"{target.name}, {target.n_threads} threads: verifying n positions, in ms and in single steps")
+    for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32):
+        print(f"  n={n:2d}  {1000 * curve.verify_s[n - 1]:7.1f} ms  {curve.verify_s[n - 1] / one:5.2f}x")
+    if draft is not None:
+        print(f"draft {draft.name}: {1000 * curve.draft_s:.1f} ms per token, {curve.draft_s / one:.2f}x a target step")
+    return 0
 
 
 def _models(args: argparse.Namespace) -> int:
