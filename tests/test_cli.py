@@ -87,3 +87,14 @@ def test_generate_offline_with_models_on_disk(smol_path, tmp_path):
     assert result.stdout.strip()
     stats = result.stderr.strip().splitlines()[-1]
     assert stats.startswith("[auto]") and "tokens/step" in stats
+
+
+@pytest.mark.real
+def test_costs_prints_the_measured_curve(smol_path, tmp_path):
+    result = specchat("costs", "--target", str(smol_path), "--draft", str(smol_path),
+                      env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.strip().startswith("n= 5") for line in lines)
+    assert "per token" in lines[-1]
+    assert (tmp_path / "specchat" / "costs.json").exists()
