@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from textual import on, work
@@ -18,8 +19,8 @@ from app.catalog import Catalog, load_catalog
 from app.chat import Message
 from app.engine import Done, Prefill, Step
 from app.errors import SpecchatError
-from app.runtime import ModelChoice
 from app.files import atomic_write
+from app.runtime import ModelChoice
 from app.settings import Settings, load_settings, save_settings
 from app.store import Store
 from app.ui.screens import ConfirmScreen, ErrorScreen, HelpScreen, PromptScreen, SettingsScreen
@@ -164,7 +165,7 @@ class SpecchatApp(App[None]):
     def _backend_ready(self, backend: Backend) -> None:
         self.backend, self.ready = backend, True
         if self.settings.guesser == "draft" and not backend.has_draft:
-            self.settings = Settings(**{**self.settings.__dict__, "guesser": "lookup"})
+            self.settings = replace(self.settings, guesser="auto")
         self.query_one("#progress").display = False
         self._status(f"ready · guesser {self.settings.guesser} · {backend.name}")
         self.query_one(StatsPanel).reset(backend.name, backend.baseline(), self.settings.guesser)
@@ -323,7 +324,7 @@ class SpecchatApp(App[None]):
         options = ["auto", "none", "lookup"] + (["draft"] if self.backend and self.backend.has_draft else [])
         nxt = options[(options.index(self.settings.guesser) + 1) % len(options)] if self.settings.guesser in options \
             else options[0]
-        self._apply_settings(Settings(**{**self.settings.__dict__, "guesser": nxt}))
+        self._apply_settings(replace(self.settings, guesser=nxt))
 
     def action_new_chat(self) -> None:
         if self.generating:
