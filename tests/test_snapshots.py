@@ -47,8 +47,6 @@ def test_provenance_view(snap_compare, tmp_path):
         await answered(pilot)
         await pilot.press("ctrl+t")
         await pilot.pause()
-        pilot.app.clear_notifications()
-        await pilot.pause()
 
     assert snap_compare(app_for(tmp_path), terminal_size=(160, 48), run_before=run_before)
 

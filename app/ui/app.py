@@ -317,8 +317,8 @@ class SpecchatApp(App[None]):
         self.provenance = not self.provenance
         for view in self.query(MessageView):
             view.show_provenance(self.provenance)
-        self.notify("Provenance " + ("on: green accepted guess, red correction, cyan bonus" if self.provenance
-                                     else "off"))
+        self._status("provenance " + ("on: green accepted guess, red target correction, cyan bonus token"
+                                      if self.provenance else "off"))
 
     def action_cycle_guesser(self) -> None:
         options = ["auto", "none", "lookup"] + (["draft"] if self.backend and self.backend.has_draft else [])
