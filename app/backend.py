@@ -6,19 +6,16 @@ The UI imports this module; this module never imports the UI.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence, Union
-
-import platformdirs
 
 from app.chat import ChatPrompter, Message
 from app.engine import Done, Engine, Event, GenerationConfig, final
-from app.fetch import Progress
 from app.cost import load_curve
+from app.fetch import Progress
+from app.files import cache_file, read_cache, update_cache
 from app.guessers import AutoGuesser, DraftGuesser, Guesser, LookupGuesser, NoGuesser
 from app.llm import Model, check_compatible
 from app.runtime import ModelChoice, model_paths
@@ -113,24 +110,17 @@ class EngineBackend:
 
     def _measure_baseline(self) -> Baseline:
         """Plain decoding speed of this target on this machine, timed once and cached."""
-        path = Path(platformdirs.user_cache_dir("specchat")) / "baseline.json"
-        st = self.target.path.stat()
-        key = f"{self.target.path.resolve()}|{st.st_size}|{self.target.n_threads}"
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cache = {}
-        if key in cache:
-            return Baseline(**cache[key])
+        path = cache_file("baseline.json")
+        cached = read_cache(path).get(self.target.cache_key)
+        if cached is not None:
+            return Baseline(**cached)
         self.engine.guesser = NoGuesser()
         prompt = self.prompter.tokens([Message("user", "Count from one to fifty in words.")])
         done = final(self.engine.generate(prompt, GenerationConfig(max_tokens=48)))
         baseline = Baseline(done.stats.tokens_per_s,
                             f"plain decoding timed once on this machine ({done.stats.n_tokens} tokens, "
                             f"{time.strftime('%Y-%m-%d')}), cached per model file and thread count")
-        cache[key] = baseline.__dict__
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cache, indent=1))
+        update_cache(path, self.target.cache_key, baseline.__dict__)
         return baseline
 
 

@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from pathlib import Path
-
-import llama_cpp
-import platformdirs
 
 from app.controller import CostCurve
-from app.files import atomic_write
+from app.files import cache_file, read_cache, update_cache
 from app.llm import Model
 
 MAX_POSITIONS = 32
 _MEASURED = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)  # the rest is interpolated
 _CONTEXT = 128  # timings are taken at this position, a typical early-answer depth
-
-
-def cache_path() -> Path:
-    return Path(platformdirs.user_cache_dir("specchat")) / "costs.json"
-
-
-def _key(model: Model) -> str:
-    st = model.path.stat()
-    backend = "gpu" if llama_cpp.llama_supports_gpu_offload() else "cpu"
-    return f"{model.path.resolve()}|{st.st_size}|{backend}|{model.n_threads}"
+COSTS = "costs.json"
 
 
 def _time_decode(model: Model, n: int, repeats: int = 3) -> float:
@@ -62,14 +48,13 @@ def measure_curve(target: Model, draft: Model | None) -> CostCurve:
     return CostCurve(curve, draft_s)
 
 
+def _key(target: Model, draft: Model | None) -> str:
+    return target.cache_key + "|" + (draft.cache_key if draft is not None else "")
+
+
 def load_curve(target: Model, draft: Model | None) -> CostCurve:
     """The cached curve for this model, backend and thread count, measured on first use."""
-    key = (_key(target), _key(draft) if draft is not None else "")
-    try:
-        cache = json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        cache = {}
-    entry = cache.get("|".join(key))
+    entry = read_cache(cache_file(COSTS)).get(_key(target, draft))
     if entry is not None and len(entry.get("verify_s", [])) == MAX_POSITIONS:
         return CostCurve(list(entry["verify_s"]), float(entry["draft_s"]))
     curve = measure_curve(target, draft)
@@ -78,12 +63,5 @@ def load_curve(target: Model, draft: Model | None) -> CostCurve:
 
 
 def save_curve(target: Model, draft: Model | None, curve: CostCurve) -> None:
-    key = "|".join((_key(target), _key(draft) if draft is not None else ""))
-    path = cache_path()
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    cache[key] = {"verify_s": curve.verify_s, "draft_s": curve.draft_s, "measured": time.strftime("%Y-%m-%d")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(cache, indent=1))
+    update_cache(cache_file(COSTS), _key(target, draft),
+                 {"verify_s": curve.verify_s, "draft_s": curve.draft_s, "measured": time.strftime("%Y-%m-%d")})

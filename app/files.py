@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import platformdirs
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -19,3 +23,23 @@ def atomic_write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def cache_file(name: str) -> Path:
+    return Path(platformdirs.user_cache_dir("specchat")) / name
+
+
+def read_cache(path: Path) -> dict[str, Any]:
+    """A JSON cache; a missing or damaged one is simply empty (it will be measured again)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def update_cache(path: Path, key: str, value: Any) -> None:
+    cache = read_cache(path)
+    cache[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(cache, indent=1))

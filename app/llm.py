@@ -114,6 +114,12 @@ class Model:
         return self.token_text(eos) if eos >= 0 else ""
 
     @property
+    def cache_key(self) -> str:
+        """What a measurement of this model's speed depends on: file, backend, threads."""
+        backend = "gpu" if llama_cpp.llama_supports_gpu_offload() else "cpu"
+        return f"{self.path.resolve()}|{self.path.stat().st_size}|{backend}|{self.n_threads}"
+
+    @property
     def vocab_type(self) -> int:
         return int(llama_cpp.llama_vocab_type(self.vocab))
 
