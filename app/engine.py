@@ -144,10 +144,7 @@ class Engine:
 
         t0 = time.perf_counter()
         # The last prompt token stays pending: the first step evaluates it with the guesses.
-        cached = min(session.common_prefix(prompt), len(prompt) - 1)
-        session.rewind(cached)
-        if len(prompt) - 1 > cached:
-            session.decode(prompt[cached:-1], "none")
+        cached = session.prefill(prompt)
         self.guesser.prepare(prompt)
         stats = Stats(n_prompt=len(prompt), cached=cached, prefill_s=time.perf_counter() - t0)
         yield Prefill(len(prompt), cached, stats.prefill_s)

@@ -152,6 +152,16 @@ class Session:
             n += 1
         return n
 
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Make the cache hold exactly tokens[:-1], reusing the longest prefix it already holds;
+        the last token stays pending, for the step that asks for its logits. Returns how many
+        tokens were reused."""
+        cached = min(self.common_prefix(tokens), len(tokens) - 1)
+        self.rewind(cached)
+        if len(tokens) - 1 > cached:
+            self.decode(tokens[cached:-1], "none")
+        return cached
+
     def rewind(self, n: int) -> None:
         """Drop every cached position from n on. Checked: llama.cpp may refuse a partial removal
         (recurrent models), and then the whole cache is cleared so that it never lies."""

@@ -84,9 +84,7 @@ def lookup_2gram_hits(seq: Sequence[int], start: int) -> int:
 def position_probs(model: Model, prompt: Sequence[int], answer: Sequence[int]) -> np.ndarray:
     """The model's T=1 distribution at each answer position, (len(answer), V)."""
     session = model.session
-    session.rewind(min(session.common_prefix(prompt), len(prompt) - 1))
-    if len(prompt) - 1 > len(session.tokens):
-        session.decode(prompt[len(session.tokens):-1], "none")
+    session.prefill(prompt)
     logits = np.array(session.decode([prompt[-1], *answer[:-1]], "all"), dtype=np.float64)
     session.rewind(len(prompt) - 1)
     e = np.exp(logits - logits.max(-1, keepdims=True))
