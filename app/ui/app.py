@@ -263,7 +263,7 @@ class SpecchatApp(App[None]):
             self._status(f"{'stopped' if stopped else 'done'} · guesser {settings.guesser} · Ctrl+R regenerates")
 
         def prefill(event: Prefill) -> None:
-            stats.prefill(event.seconds, event.n_prompt, event.cached)
+            stats.prefill(event.seconds)
 
         try:
             events = self.backend.chat(history, settings.generation(), settings.guesser, self.cancel)

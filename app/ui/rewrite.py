@@ -136,10 +136,7 @@ class RewriteScreen(Screen[None]):
             diff.append(line + "\n", style=style)
         self.query_one("#diff", Static).update(diff)
         self.query_one("#diff-pane").display = True
-        steps = stats.steps
-        tokens = sum(len(s.tokens) for s in steps)
-        seconds = sum(s.draft_s + s.verify_s for s in steps)
-        tps = tokens / seconds if seconds else 0.0
+        tokens, tps = stats.totals.n_tokens, stats.totals.tokens_per_s
         base = self.backend.baseline()
         speed = f"{tps:.1f} tok/s" + (f", {tps / base.tokens_per_s:.2f}x plain decoding" if base else "")
         self._set_status(f"done: {tokens} tokens, {speed} with prompt lookup. Ctrl+S saves a new file, "

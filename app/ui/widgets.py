@@ -104,38 +104,36 @@ class StatsPanel(Vertical):
     def reset(self, model: str, baseline: Baseline | None, guesser: str = "") -> None:
         self.model, self.baseline, self.guesser = model, baseline, guesser
         self.steps: list[Step] = []
+        self.totals = Stats()  # kept as steps arrive, so a redraw does not re-add them all
         self.ttft: float | None = None
         self.prefill_s = 0.0
         self._show()
 
-    def prefill(self, seconds: float, n_prompt: int, cached: int) -> None:
+    def prefill(self, seconds: float) -> None:
         self.prefill_s = seconds
-        self.prompt_info = f"prompt {n_prompt} tokens ({cached} cached)"
 
     def add(self, steps: list[Step]) -> None:
         if self.ttft is None and steps:
             self.ttft = self.prefill_s + steps[0].draft_s + steps[0].verify_s
         self.steps += steps
+        for step in steps:
+            self.totals = self.totals.add_step(step)
         self._show()
 
     def _show(self) -> None:
-        steps = self.steps
-        n_tokens = sum(len(s.tokens) for s in steps)
-        decode = sum(s.draft_s + s.verify_s for s in steps)
-        drafted, accepted = sum(s.drafted for s in steps), sum(s.accepted for s in steps)
-        tps = n_tokens / decode if decode else 0.0
+        steps, t = self.steps, self.totals
         base = self.baseline.tokens_per_s if self.baseline else 0.0
         lines = [
             f"model     {self.model}",
             f"guesser   {self.guesser}",
-            f"tok/s     {tps:6.1f}  (decode only)",
+            f"tok/s     {t.tokens_per_s:6.1f}  (decode only)",
             f"first tok {self.ttft:6.2f}s" if self.ttft is not None else "first tok      –",
-            f"tok/step  {n_tokens / len(steps):6.2f}" if steps else "tok/step       –",
-            f"accept    {accepted / drafted:6.0%}  ({accepted}/{drafted})" if drafted else "accept         –",
+            f"tok/step  {t.tokens_per_step:6.2f}" if steps else "tok/step       –",
+            f"accept    {t.acceptance:6.0%}  ({t.accepted}/{t.drafted})" if t.drafted else "accept         –",
             f"draft len {steps[-1].drafted:6d}" if steps else "draft len      –",
             "steps     " + ", ".join(f"{n} {src}" for src, n in Counter(s.source for s in steps).most_common())
             if steps else "steps          –",
-            f"speedup   {tps / base:6.2f}x" if steps and base else "speedup        –",
+            f"speedup   {t.tokens_per_s / base:6.2f}x" if steps and base else "speedup        –",
         ]
         self.query_one("#numbers", Static).update("\n".join(lines))
         self.query_one("#spark", Sparkline).data = [len(s.tokens) for s in steps[-60:]] or [0]
