@@ -1,18 +1,22 @@
 """Conversations in SQLite: a schema version in PRAGMA user_version and a list of upgrade steps.
 
-Every message is written when it completes (or is stopped), in its own transaction, so a
-crash loses at most the answer being generated.
+Every message is its own transaction. An answer is stored as "partial" when generation
+starts and its text is updated as it streams, so a crash keeps what the user saw, marked
+as interrupted. WAL mode with a busy timeout lets two app instances share one database.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
+
+from app.errors import SpecchatError
 
 # Each step upgrades the schema from version i to i + 1. Append; never edit a shipped step.
 MIGRATIONS = [
@@ -34,7 +38,13 @@ MIGRATIONS = [
     );
     CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
     """,
+    # 2: which model wrote each answer, so an old conversation says what produced it.
+    """
+    ALTER TABLE messages ADD COLUMN model TEXT;
+    """,
 ]
+STATUSES = ("complete", "stopped", "partial")  # partial: the app died while generating it
+_BUSY_TIMEOUT_S = 10.0  # another instance's write transaction is short; wait rather than fail
 
 
 def default_db_path() -> Path:
@@ -53,27 +63,74 @@ class StoredMessage:
     id: int
     role: str
     content: str
-    status: str  # "complete" or "stopped"
+    status: str  # one of STATUSES
     stats: dict | None
+    model: str | None = None
 
 
 class Store:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or default_db_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self._migrate()
+        # Set when a damaged database was moved aside: the UI tells the user where it went.
+        self.notice: str | None = None
+        try:
+            self.db = self._open()
+        except sqlite3.DatabaseError as e:
+            if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+                raise SpecchatError(f"{self.path} is locked by another program for over "
+                                    f"{_BUSY_TIMEOUT_S:.0f} s; close it and retry") from None
+            try:
+                aside = self._move_aside()
+            except OSError as moved:
+                raise SpecchatError(f"{self.path} is unreadable ({e}) and could not be moved aside "
+                                    f"({moved.strerror}); move it away by hand") from None
+            self.notice = (f"the conversation database was unreadable ({e}); it was moved to {aside} "
+                           "and specchat started a fresh one")
+            self.db = self._open()
 
-    def _migrate(self) -> None:
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None)
+        try:
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {check}")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > len(MIGRATIONS):  # checked before anything is written to the file
+                raise SpecchatError(f"{self.path} was written by a newer specchat (schema {version}, this one "
+                                    f"knows {len(MIGRATIONS)}); upgrade specchat, or move the file away to start "
+                                    "afresh")
+            db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode survives a killed process (only power loss can drop the last commits),
+            # and spares the streaming partial-answer updates an fsync each.
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            self._migrate(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self) -> Path:
+        """Keep the damaged file (the user may want to recover it) under a name that is never reused."""
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.path) + suffix)
+            if src.exists():
+                os.replace(src, str(aside) + suffix)
+        return aside
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
         for step in range(version, len(MIGRATIONS)):
-            with self.db:
-                self.db.execute("BEGIN")
+            # BEGIN IMMEDIATE: a second instance upgrading at the same moment waits, then sees the new version.
+            with db:
+                db.execute("BEGIN IMMEDIATE")
+                if db.execute("PRAGMA user_version").fetchone()[0] != step:
+                    continue
                 for statement in filter(str.strip, MIGRATIONS[step].split(";")):
-                    self.db.execute(statement)
-                self.db.execute(f"PRAGMA user_version = {step + 1}")
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {step + 1}")
 
     @property
     def version(self) -> int:
@@ -99,20 +156,29 @@ class Store:
         self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
-        rows = self.db.execute("SELECT id, role, content, status, stats FROM messages "
+        rows = self.db.execute("SELECT id, role, content, status, stats, model FROM messages "
                                "WHERE conversation_id = ? ORDER BY id", (conversation_id,))
-        return [StoredMessage(i, r, c, s, json.loads(st) if st else None) for i, r, c, s, st in rows]
+        return [StoredMessage(i, r, c, s, json.loads(st) if st else None, m) for i, r, c, s, st, m in rows]
 
     def add_message(self, conversation_id: int, role: str, content: str, status: str = "complete",
-                    stats: dict | None = None) -> int:
+                    stats: dict | None = None, model: str | None = None) -> int:
+        assert status in STATUSES, status
         now = time.time()
         with self.db:
             self.db.execute("BEGIN")
-            cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, status, stats, created) "
-                                  "VALUES (?, ?, ?, ?, ?, ?)",
-                                  (conversation_id, role, content, status, json.dumps(stats) if stats else None, now))
+            cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, status, stats, created, "
+                                  "model) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                  (conversation_id, role, content, status, json.dumps(stats) if stats else None, now,
+                                   model))
             self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         return cur.lastrowid
+
+    def update_message(self, message_id: int, content: str, status: str = "partial",
+                       stats: dict | None = None) -> None:
+        """Overwrite a streaming answer: called as it grows (partial), and once when it ends."""
+        assert status in STATUSES, status
+        self.db.execute("UPDATE messages SET content = ?, status = ?, stats = coalesce(?, stats) WHERE id = ?",
+                        (content, status, json.dumps(stats) if stats else None, message_id))
 
     def delete_message(self, message_id: int) -> None:
         self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
@@ -121,6 +187,6 @@ class Store:
         title = self.db.execute("SELECT title FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         lines = [f"# {title[0] if title else 'Conversation'}", ""]
         for m in self.messages(conversation_id):
-            mark = " (stopped)" if m.status == "stopped" else ""
+            mark = {"stopped": " (stopped)", "partial": " (interrupted)"}.get(m.status, "")
             lines += [f"## {m.role.capitalize()}{mark}", "", m.content, ""]
         return "\n".join(lines)

@@ -40,3 +40,12 @@ def smol_draft(smol_path: Path) -> Model:
     model = Model(smol_path, n_ctx=1024)
     yield model
     model.close()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    from reliability import FIGURES, table
+
+    if FIGURES:
+        terminalreporter.section("reliability figures (README table)")
+        for row in table():
+            terminalreporter.write_line(row)

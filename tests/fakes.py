@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Iterator, Sequence
 
-from app.backend import Baseline, BackendEvent
+from app.backend import Baseline, BackendEvent, Notice
 from app.chat import Message
 from app.engine import Done, GenerationConfig, Prefill, Source, Stats, Step, Token
 
@@ -15,8 +15,9 @@ class FakeBackend:
     has_draft = True
 
     def __init__(self, answer: str = "Hello **world**, this is a scripted answer.",
-                 pause_after: int | None = None) -> None:
+                 pause_after: int | None = None, notice: str | None = None) -> None:
         self.answer = answer
+        self.notice = notice  # yielded before the answer, as the real backend does when it drops turns
         self.pause_after = pause_after  # steps after which generation waits for a cancel
         self.calls: list[tuple[list[Message], str]] = []
         self.paused = threading.Event()
@@ -33,6 +34,8 @@ class FakeBackend:
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
              cancel: threading.Event) -> Iterator[BackendEvent]:
         self.calls.append((list(messages), guesser))
+        if self.notice:
+            yield Notice(self.notice)
         yield Prefill(12, 0, 0.05)
         words = [w + " " for w in self.answer.split(" ")]
         words[-1] = words[-1].rstrip()

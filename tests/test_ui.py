@@ -28,6 +28,13 @@ def make_app(tmp_path: Path, backend=None, **kwargs) -> SpecchatApp:
                        settings_path=tmp_path / "config.toml", **kwargs)
 
 
+def answered(app: SpecchatApp) -> bool:
+    """The last answer is finished and stored (it is stored as partial while it streams)."""
+    messages = app.store.messages(app.conversation_id)
+    return not app.generating and bool(messages) and messages[-1].role == "assistant" \
+        and messages[-1].status != "partial"
+
+
 async def send(pilot, app: SpecchatApp, text: str) -> None:
     await until(pilot, lambda: app.ready, "models to load")
     app.query_one("#input").text = text
@@ -38,7 +45,7 @@ async def test_send_streams_and_persists(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test(size=(120, 36)) as pilot:
         await send(pilot, app, "Say hello")
-        await until(pilot, lambda: len(app.store.messages(app.conversation_id)) == 2, "the answer to be saved")
+        await until(pilot, lambda: answered(app), "the answer to be saved")
         user, answer = app.store.messages(app.conversation_id)
         assert (user.role, user.content) == ("user", "Say hello")
         assert answer.content == "Hello **world**, this is a scripted answer."
@@ -64,7 +71,49 @@ async def test_stop_keeps_partial_answer_marked_stopped(tmp_path):
         answer = app.store.messages(app.conversation_id)[-1]
         assert answer.status == "stopped"
         assert answer.content == "Hello **world**, this "
-        assert app.query(MessageView).last().stopped
+        assert app.query(MessageView).last().status == "stopped"
+
+
+async def test_streaming_answer_is_stored_as_partial_until_it_ends(tmp_path):
+    backend = FakeBackend(pause_after=2)
+    app = make_app(tmp_path, backend)
+    async with app.run_test() as pilot:
+        await send(pilot, app, "Tell me a story")
+        await until(pilot, lambda: backend.paused.is_set() and app.store.messages(app.conversation_id)[-1].content,
+                    "the first tokens to be stored")
+        # What a crash at this moment would leave: the answer so far, marked partial.
+        stored = app.store.messages(app.conversation_id)[-1]
+        assert stored.status == "partial" and stored.model == backend.name
+        assert app.query(MessageView).last().content.startswith(stored.content)
+        await pilot.press("escape")
+        await until(pilot, lambda: answered(app), "the stop")
+
+
+async def test_interrupted_answer_is_shown_marked_after_a_restart(tmp_path):
+    store = Store(tmp_path / "chat.db")
+    conv = store.new_conversation("crashed")
+    store.add_message(conv.id, "user", "Tell me a story")
+    store.add_message(conv.id, "assistant", "Once upon a", "partial")
+    app = make_app(tmp_path)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: len(app.query(MessageView)) == 2, "the conversation")
+        last = app.query(MessageView).last()
+        assert last.status == "partial" and last.content == "Once upon a"
+        assert "interrupted" in str(last.query_one(".role").render())
+        await until(pilot, lambda: app.ready, "models to load")
+        await pilot.press("ctrl+r")  # an interrupted answer can be regenerated like any other
+        await until(pilot, lambda: answered(app), "the regeneration")
+        assert [m.status for m in app.store.messages(conv.id)] == ["complete", "complete"]
+
+
+async def test_dropped_turns_are_said_and_kept_with_the_answer(tmp_path):
+    notice = "the conversation is longer than the 512-token context: the oldest 2 message(s) were left out"
+    app = make_app(tmp_path, FakeBackend(notice=notice))
+    async with app.run_test() as pilot:
+        await send(pilot, app, "hi")
+        await until(pilot, lambda: answered(app), "the answer")
+        assert notice in app.store.messages(app.conversation_id)[-1].stats["summary"]
+        assert notice in app.query(MessageView).last().summary
 
 
 async def test_switch_guesser(tmp_path):
@@ -86,7 +135,7 @@ async def test_regenerate_and_edit(tmp_path):
     app = make_app(tmp_path, backend)
     async with app.run_test() as pilot:
         await send(pilot, app, "first question")
-        await until(pilot, lambda: len(app.store.messages(app.conversation_id)) == 2, "the answer")
+        await until(pilot, lambda: answered(app), "the answer")
         await pilot.press("ctrl+r")
         await until(pilot, lambda: len(backend.calls) == 2 and not app.generating, "the regeneration")
         assert [m.role for m in app.store.messages(app.conversation_id)] == ["user", "assistant"]
@@ -99,7 +148,7 @@ async def test_restart_finds_the_conversation(tmp_path):
     app = make_app(tmp_path)
     async with app.run_test() as pilot:
         await send(pilot, app, "Remember me")
-        await until(pilot, lambda: len(app.store.messages(app.conversation_id)) == 2, "the answer")
+        await until(pilot, lambda: answered(app), "the answer")
     again = make_app(tmp_path)
     async with again.run_test() as pilot:
         await pilot.pause()

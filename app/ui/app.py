@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,6 +27,9 @@ from app.store import Store
 from app.ui.screens import ConfirmScreen, ErrorScreen, HelpScreen, PromptScreen, SettingsScreen
 from app.ui.streaming import pump
 from app.ui.widgets import MessageView, StatsPanel, summary_line
+
+
+_SAVE_INTERVAL_S = 0.25  # how often a streaming answer is written to the database
 
 
 class ChatInput(TextArea):
@@ -119,6 +123,8 @@ class SpecchatApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        if self.store.notice:
+            self.notify(self.store.notice, severity="error", timeout=30)
         for problem in self._settings_problems:
             self.notify(problem, severity="warning", timeout=10)
         try:
@@ -192,7 +198,7 @@ class SpecchatApp(App[None]):
             summary = ""
             if m.stats:
                 summary = m.stats.get("summary", "")
-            chat.mount(MessageView(m.role, m.content, summary, m.status == "stopped"))
+            chat.mount(MessageView(m.role, m.content, summary, m.status))
         chat.scroll_end(animate=False)
 
     @on(ListView.Selected, "#conversations")
@@ -230,6 +236,7 @@ class SpecchatApp(App[None]):
         self._answer()
 
     def _answer(self) -> None:
+        assert self.conversation_id is not None and self.backend is not None
         view = MessageView("assistant")
         chat = self.query_one("#chat", VerticalScroll)
         chat.mount(view)
@@ -239,37 +246,62 @@ class SpecchatApp(App[None]):
         stats = self.query_one(StatsPanel)
         stats.reset(self.backend.name, self.backend.baseline(), self.settings.guesser)
         self._status(f"generating with {self.settings.guesser}… (Esc stops)")
-        self._generate(view, stats, self._history(), self.settings, self.conversation_id)
+        history = self._history()
+        # Stored before the first token and updated as it streams: if specchat is killed, the
+        # answer so far survives, marked partial.
+        answer_id = self.store.add_message(self.conversation_id, "assistant", "", "partial", model=self.backend.name)
+        self._generate(view, stats, history, self.settings, answer_id)
 
     @work(thread=True, group="generate")
     def _generate(self, view: MessageView, stats: StatsPanel, history: list[Message], settings: Settings,
-                  conv: int) -> None:
+                  answer_id: int) -> None:
+        saved = float("-inf")
+        notices: list[str] = []
 
         def post(callback, arg) -> None:
             self.call_from_thread(callback, arg)
 
         async def steps(batch: list[Step]) -> None:
+            nonlocal saved
             stats.add(batch)
             await view.append(batch)
+            if time.monotonic() - saved >= _SAVE_INTERVAL_S:
+                self.store.update_message(answer_id, view.content)
+                saved = time.monotonic()
 
         async def done(event: Done) -> None:
-            stopped = event.reason == "cancelled"
-            summary = summary_line(event.stats, settings.guesser, event.reason)
-            await view.finish(event.text, summary, stopped)
+            status = "stopped" if event.reason == "cancelled" else "complete"
+            # A notice (e.g. old turns dropped to fit the context) stays with the answer it concerns.
+            summary = " · ".join([summary_line(event.stats, settings.guesser, event.reason), *notices])
+            await view.finish(event.text, summary, status)
             # A stopped answer is kept, marked as such, so nothing the user saw is lost.
-            self.store.add_message(conv, "assistant", event.text, "stopped" if stopped else "complete",
-                                   {"summary": summary, "reason": event.reason, "tokens": event.stats.n_tokens,
-                                    "acceptance": event.stats.acceptance, "guesser": settings.guesser})
-            self._status(f"{'stopped' if stopped else 'done'} · guesser {settings.guesser} · Ctrl+R regenerates")
+            self.store.update_message(answer_id, event.text, status,
+                                      {"summary": summary, "reason": event.reason, "tokens": event.stats.n_tokens,
+                                       "acceptance": event.stats.acceptance, "guesser": settings.guesser})
+            self._status(f"{status if status == 'stopped' else 'done'} · guesser {settings.guesser} · "
+                         "Ctrl+R regenerates")
+
+        def failed(message: str) -> None:
+            # Whatever streamed before the failure stays, marked stopped; an empty answer goes.
+            if view.content:
+                self.store.update_message(answer_id, view.content, "stopped")
+            else:
+                self.store.delete_message(answer_id)
+                view.remove()
+            self._fail(message)
 
         def prefill(event: Prefill) -> None:
             stats.prefill(event.seconds)
 
+        def notice(text: str) -> None:
+            notices.append(text)
+            self.notify(text, severity="warning", timeout=10)
+
         try:
             events = self.backend.chat(history, settings.generation(), settings.guesser, self.cancel)
-            pump(events, post, steps, done, lambda text: self.notify(text, severity="warning"), prefill)
+            pump(events, post, steps, done, notice, prefill)
         except SpecchatError as e:
-            self.call_from_thread(self._fail, str(e))
+            self.call_from_thread(failed, str(e))
         finally:
             self.call_from_thread(setattr, self, "generating", False)
 

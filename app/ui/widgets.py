@@ -23,26 +23,32 @@ LEGEND = Text.assemble(("accepted guess", SOURCE_STYLE[Source.DRAFT]), "  ",
                        ("bonus token", SOURCE_STYLE[Source.BONUS]), "  plain")
 
 
+# How an answer ended, when that is not the model's own choice: a cut answer always says so.
+ENDINGS = {"cancelled": "stopped", "max_tokens": "cut at the max_tokens setting",
+           "context_full": "cut: the context is full"}
+STATUS_LABELS = {"stopped": "  (stopped)", "partial": "  (interrupted: specchat closed while writing it)"}
+
+
 def summary_line(stats: Stats, guesser: str, reason: str) -> str:
-    stopped = "  [stopped]" if reason == "cancelled" else ""
+    ending = f"  [{ENDINGS[reason]}]" if reason in ENDINGS else ""
     return (f"{stats.n_tokens} tokens · {stats.decode_s:.1f}s · {stats.tokens_per_s:.1f} tok/s · "
-            f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%} · {guesser}{stopped}")
+            f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%} · {guesser}{ending}")
 
 
 class MessageView(Vertical):
     """One message. An answer streams into Markdown and is rendered once more when complete;
     with provenance on, it shows each token coloured by where it came from instead."""
 
-    def __init__(self, role: str, content: str = "", summary: str = "", stopped: bool = False) -> None:
+    def __init__(self, role: str, content: str = "", summary: str = "", status: str = "complete") -> None:
         super().__init__(classes=f"message {role}")
         self.role, self.content, self.summary = role, content, summary
-        self.stopped = stopped
+        self.status = status
         self.tokens: list[tuple[str, Source]] = []
         self._stream = None
 
     def compose(self) -> ComposeResult:
         label = {"user": "You", "assistant": "Assistant", "system": "System"}.get(self.role, self.role)
-        yield Static(label + ("  (stopped)" if self.stopped else ""), classes="role")
+        yield Static(label + STATUS_LABELS.get(self.status, ""), classes="role")
         yield Markdown(self.content, classes="body")
         yield Static(Text(), classes="provenance")
         yield Static(self.summary, classes="summary")
@@ -62,16 +68,15 @@ class MessageView(Vertical):
         if self.query_one(".provenance").display:
             self._render_provenance()
 
-    async def finish(self, content: str, summary: str, stopped: bool) -> None:
+    async def finish(self, content: str, summary: str, status: str) -> None:
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
-        self.content, self.summary, self.stopped = content, summary, stopped
+        self.content, self.summary, self.status = content, summary, status
         await self.query_one(Markdown).update(content)
         self.query_one(".summary", Static).update(summary)
         self.query_one(".summary").display = True
-        if stopped:
-            self.query_one(".role", Static).update("Assistant  (stopped)")
+        self.query_one(".role", Static).update("Assistant" + STATUS_LABELS.get(status, ""))
 
     def show_provenance(self, on: bool) -> None:
         on = on and bool(self.tokens)

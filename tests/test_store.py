@@ -1,0 +1,115 @@
+"""The conversation database under faults: damage, old and new schemas, two instances at once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from app.errors import SpecchatError
+from app.store import MIGRATIONS, Store
+from reliability import tally
+
+
+def _v1_database(path: Path) -> None:
+    """A database exactly as the first released schema left it, with one conversation in it."""
+    db = sqlite3.connect(path)
+    db.executescript(MIGRATIONS[0])
+    db.execute("INSERT INTO conversations VALUES (1, 'old chat', 1.0, 2.0)")
+    db.execute("INSERT INTO messages (conversation_id, role, content, status, created) "
+               "VALUES (1, 'user', 'hello from v1', 'complete', 1.5)")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+
+
+def test_old_schema_is_upgraded_in_place(tmp_path):
+    path = tmp_path / "chat.db"
+    _v1_database(path)
+    store = Store(path)
+    assert store.version == len(MIGRATIONS) > 1
+    [message] = store.messages(1)
+    assert (message.content, message.model) == ("hello from v1", None)
+    store.add_message(1, "assistant", "hi", model="some-model")
+    assert store.messages(1)[-1].model == "some-model"
+    assert store.notice is None
+    store.close()
+    assert Store(path).messages(1)[0].content == "hello from v1"  # reopening migrates nothing twice
+
+
+def test_newer_schema_is_refused_and_left_alone(tmp_path):
+    path = tmp_path / "chat.db"
+    _v1_database(path)
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 99")
+    db.commit()
+    db.close()
+    before = path.read_bytes()
+    with pytest.raises(SpecchatError, match="newer specchat"):
+        Store(path)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("damage", ["garbage", "zeroed header", "torn middle", "truncated"])
+def test_damaged_database_is_moved_aside_and_a_fresh_one_starts(tmp_path, damage):
+    path = tmp_path / "chat.db"
+    store = Store(path)
+    conv = store.new_conversation("precious")
+    for n in range(300):  # enough pages that damage in the middle hits real data
+        store.add_message(conv.id, "user", f"message {n} " + "x" * 200)
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    data = bytearray(path.read_bytes())
+    if damage == "garbage":
+        data = bytearray(b"this is not a database at all" * 100)
+    elif damage == "zeroed header":
+        data[:100] = bytes(100)
+    elif damage == "torn middle":
+        middle = len(data) // 2 // 4096 * 4096
+        data[middle:middle + 4096] = b"\xff" * 4096
+    else:
+        data = data[:len(data) // 2 + 123]
+    path.write_bytes(bytes(data))
+
+    store = Store(path)
+    assert store.notice is not None and "moved to" in store.notice
+    [aside] = tmp_path.glob("chat.db.corrupt-*")
+    assert aside.read_bytes() == bytes(data)  # the damaged file is kept untouched for recovery
+    assert store.conversations() == []
+    store.add_message(store.new_conversation().id, "user", "works again")
+    tally("damaged database moved aside", faults=1, lost=0)
+
+
+def _writer(path: str, who: str, n: int, barrier) -> None:
+    store = Store(Path(path))
+    conv = store.new_conversation(who)
+    barrier.wait()
+    for i in range(n):
+        store.add_message(conv.id, "user", f"{who} {i}")
+        if i % 10 == 0:
+            store.rename(conv.id, f"{who} after {i}")
+    store.close()
+
+
+def test_two_instances_writing_at_once_lose_nothing(tmp_path):
+    path = tmp_path / "chat.db"
+    _v1_database(path)  # both instances also race to upgrade it
+    n = 300
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_writer, args=(str(path), who, n, barrier)) for who in ("left", "right")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    store = Store(path)
+    assert store.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert store.version == len(MIGRATIONS)
+    by_title = {c.title.split()[0]: c for c in store.conversations()}
+    for who in ("left", "right"):
+        assert [m.content for m in store.messages(by_title[who].id)] == [f"{who} {i}" for i in range(n)]
+    tally("two instances on one database", trials=1, lost=2 * n - sum(
+        len(store.messages(c.id)) for c in store.conversations() if c.title.split()[0] in ("left", "right")))
