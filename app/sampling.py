@@ -60,7 +60,11 @@ def logits_to_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
             keep &= base >= cfg.min_p * base.max(-1, keepdims=True)
         if cfg.top_p < 1:
             keep &= _top_p_mask(base, cfg.top_p)
-    return _softmax(np.where(keep, logits / cfg.temperature, -np.inf))
+    # Shift by the largest kept logit before dividing: logits / T overflows to inf for a tiny T
+    # (1e-310), and inf - inf is NaN. Then the kept values are <= 0 and one of them is 0.
+    shifted = logits - np.where(keep, logits, -np.inf).max(-1, keepdims=True)
+    with np.errstate(over="ignore"):  # a value that overflows to -inf is meant: its weight is 0
+        return _softmax(np.where(keep, shifted / cfg.temperature, -np.inf))
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

@@ -28,10 +28,14 @@ class TextStream:
         if self.stopped:
             return ""
         self._held += text
-        cut = min((i for i in (self._held.find(s) for s in self._stop) if i >= 0), default=-1)
-        if cut >= 0:
+        # Stop at the stop string that is *completed* first (ties: the one that starts first), as
+        # one token at a time would: text pushed many tokens at once (a speculative step) must
+        # give the same answer. The earliest start is not it: with stops "abcd" and "bc", "abc"
+        # then "d" stops at "bc", so "abcd" in one push must too.
+        ends = [(i + len(s), i) for i, s in ((self._held.find(s), s) for s in self._stop) if i >= 0]
+        if ends:
             self.stopped = True
-            out, self._held = self._held[:cut], ""
+            out, self._held = self._held[:min(ends)[1]], ""
             return out
         keep = max((_overlap(self._held, s) for s in self._stop), default=0)
         out = self._held[: len(self._held) - keep]

@@ -45,7 +45,9 @@ def verify(
         p = target_probs[i]
         q_x = 1.0 if draft_probs is None else draft_probs[i, x]
         # p >= q accepts with certainty: skip the draw so that greedy runs consume no randomness.
-        if p[x] >= q_x or rng.random() * q_x < p[x]:
+        # But never a token the target cannot emit: with q(x) = 0 too, p >= q held and a token
+        # of target probability 0 was accepted (min(1, p/q) is 0/0 there; the target decides).
+        if (p[x] >= q_x and p[x] > 0) or rng.random() * q_x < p[x]:
             continue
         return Verdict(i, sample(_residual(p, None if draft_probs is None else draft_probs[i], x), rng))
     return Verdict(k, sample(target_probs[k], rng))
