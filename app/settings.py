@@ -5,6 +5,8 @@ An invalid value never stops the app: it is reported in one line and the default
 
 from __future__ import annotations
 
+import json
+import math
 import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -16,6 +18,7 @@ from app.errors import SpecchatError
 from app.files import atomic_write
 from app.runtime import GUESSERS
 from app.sampling import SamplingConfig
+from app.tomlpos import locate
 
 
 @dataclass(frozen=True)
@@ -29,9 +32,12 @@ class Settings:
     guesser: str = "auto"
     draft_length: int = 0  # 0: the guesser's default
     pair: str = ""  # "": the catalog's default pair
+    offline: bool = False  # never fetch models (as HF_HUB_OFFLINE=1 does)
 
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)  # raises on bad values
+        if not all(math.isfinite(v) for v in (self.temperature, self.top_p, self.min_p)):
+            raise SpecchatError("temperature, top_p and min_p must be finite numbers")
         if self.max_tokens < 1:
             raise SpecchatError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.guesser not in GUESSERS:
@@ -49,30 +55,43 @@ def default_config_path() -> Path:
 
 
 def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:
-    """The settings, and one line for each problem found (whose value fell back to the default)."""
+    """The settings, and one line for each problem found (whose value fell back to the default).
+
+    Never raises: a broken config file must not stop the app. Each problem names the file,
+    the line (when it can be found) and the key."""
     path = path or default_config_path()
-    if not path.exists():
-        return Settings(), []
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return Settings(), []
+    except (OSError, UnicodeDecodeError) as e:
+        return Settings(), [f"{path}: unreadable ({e}); using default settings"]
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as e:  # tomllib recurses into nested arrays
         return Settings(), [f"{path}: unreadable ({e}); using default settings"]
     problems, settings = [], Settings()
     types = {f.name: type(getattr(settings, f.name)) for f in fields(Settings)}
+
+    def at(key: str) -> str:  # only for problems: finding the line means scanning the file
+        return locate(path, text, (key,))
+
     for key, value in data.items():
         if key not in types:
-            problems.append(f"{path}: unknown setting {key!r} ignored")
+            problems.append(f"{at(key)}: unknown setting {key!r} ignored")
             continue
-        want = types[key]
+        want, default = types[key], getattr(settings, key)
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if not isinstance(value, want) or isinstance(value, bool):
-            problems.append(f"{path}: {key} must be a {want.__name__}, got {value!r}; using {getattr(settings, key)!r}")
+        # bool is an int subclass: `top_k = true` must not read as 1 (but `offline = true` is a bool).
+        if not isinstance(value, want) or (isinstance(value, bool) and want is not bool):
+            problems.append(f"{at(key)}: {key} must be a {want.__name__}, got {value!r}; using {default!r}")
             continue
         try:
             settings = replace(settings, **{key: value})
         except SpecchatError as e:
-            problems.append(f"{path}: {e}; using {getattr(settings, key)!r}")
+            # The validators word some keys as the command line does (top-k for top_k): name the key.
+            problems.append(f"{at(key)}: {key} = {value!r} is invalid ({e}); using {default!r}")
     return settings, problems
 
 
@@ -81,7 +100,9 @@ def save_settings(settings: Settings, path: Path | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = []
     for key, value in asdict(settings).items():
-        if isinstance(value, str):
-            value = '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-        lines.append(f"{key} = {value}")
+        # JSON's literals and string escapes are valid TOML (non-ASCII kept as is: TOML has no
+        # surrogate-pair escapes), and cover bools, control characters and quotes alike.
+        # DEL is the one control character JSON leaves raw and TOML refuses.
+        text = json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+        lines.append(f"{key} = {text}")
     atomic_write(path, "\n".join(lines) + "\n")

@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Select, Static, TextArea
+from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
 from app.catalog import Catalog
 from app.errors import SpecchatError
@@ -126,6 +126,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                     yield Input(str(getattr(s, key)), id=key)
             yield Label("System prompt")
             yield TextArea(s.system_prompt, id="system_prompt")
+            yield Checkbox("Offline: never fetch models (only files already on disk are used)", s.offline,
+                           id="offline")
             yield Static("", id="settings-error", classes="error-line")
             with Horizontal(classes="buttons"):
                 yield Button("Save", id="save", variant="primary")
@@ -150,6 +152,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             values["guesser"] = self.query_one("#guesser", Select).value
             values["pair"] = self.query_one("#pair", Select).value
             values["system_prompt"] = self.query_one("#system_prompt", TextArea).text
+            values["offline"] = self.query_one("#offline", Checkbox).value
             self.dismiss(replace(self.settings, **values))
         except SpecchatError as e:
             self.query_one("#settings-error", Static).update(str(e))
