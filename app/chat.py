@@ -1,20 +1,72 @@
-"""Chat prompts from the GGUF's own template, with token-exact reuse of the previous turn."""
+"""Chat prompts from the GGUF's own template, with token-exact reuse of the previous turn.
+
+A GGUF's chat template is untrusted input: a Jinja program written by whoever published the
+file. It runs in jinja2's immutable sandbox (no Python internals, no mutation, no file reads)
+inside a separate renderer process that is killed when a render outlives TIME_LIMIT_S and that
+cannot allocate more than MEMORY_LIMIT bytes.
+
+Why a process and not a tracer (sys.settrace with a deadline) in this one: a tracer only runs
+between Python lines, and a template can start single C calls that never return to Python,
+e.g. printing a list nested 60 deep whose halves are shared (`{% set ns.a = [ns.a, ns.a] %}` in a
+loop, then `{{ ns.a }}`) runs list.__repr__ for 2**60 items. Only killing a process stops that,
+and only a per-process memory limit stops `'x'.center(10**10)` or `s.replace('', s)`.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
+import select
+import subprocess
+import sys
+import threading
 from dataclasses import dataclass
-from typing import Sequence
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
 
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+import jinja2
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from app.errors import SpecchatError
-from app.llm import Model
+
+if TYPE_CHECKING:  # not at run time: the renderer process imports this module and must stay small
+    from app.llm import Model
+
+TIME_LIMIT_S = 1.0  # real templates render in milliseconds
+MAX_OUTPUT = 10_000_000  # characters; far more than any context window holds
+MEMORY_LIMIT = 1 << 30  # bytes of address space for the renderer process
 
 
 @dataclass(frozen=True)
 class Message:
     role: str  # "system", "user" or "assistant"
     content: str
+
+
+class ChatTemplate:
+    """One GGUF's chat template, checked for syntax on construction; `name` is the model file's."""
+
+    def __init__(self, source: str, name: str, bos_token: str = "", eos_token: str = "",
+                 limit_s: float = TIME_LIMIT_S) -> None:
+        self.source, self.name, self.limit_s = source, name, limit_s
+        self._tokens = {"bos_token": bos_token, "eos_token": eos_token}
+        self._run(None)
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        # The variables llama-cpp-python's Jinja2ChatFormatter passes, so templates render as they did.
+        return self._run({"messages": [{"role": m.role, "content": m.content} for m in messages],
+                          "add_generation_prompt": add_generation_prompt, **self._tokens,
+                          "functions": None, "function_call": None, "tools": None, "tool_choice": None})
+
+    def _run(self, variables: dict[str, Any] | None) -> str:
+        reply = _RENDERER.run({"template": self.source, "variables": variables}, self.limit_s)
+        if "error" in reply:
+            raise SpecchatError(f"the chat template of {self.name} {reply['error']}")
+        return reply["text"]
 
 
 class ChatPrompter:
@@ -31,17 +83,12 @@ class ChatPrompter:
         template = model.metadata.get("tokenizer.chat_template")
         if not template:
             raise SpecchatError(f"{model.path.name} has no chat template in its metadata; use an instruct model")
-        # llama-cpp-python renders it in jinja2's sandbox: the template is untrusted input.
-        self._formatter = Jinja2ChatFormatter(template=template, eos_token=model.eos_text,
-                                              bos_token=model.bos_text)
+        self.template = ChatTemplate(template, model.path.name, model.bos_text, model.eos_text)
         self._text = ""
         self._tokens: list[int] = []
 
     def render(self, messages: Sequence[Message]) -> str:
-        try:
-            return self._formatter(messages=[{"role": m.role, "content": m.content} for m in messages]).prompt
-        except Exception as e:  # jinja raises many kinds; all mean the template rejected this input
-            raise SpecchatError(f"the chat template of {self.model.path.name} failed: {e}") from None
+        return self.template.render(messages)
 
     def tokens(self, messages: Sequence[Message]) -> list[int]:
         text = self.render(messages)
@@ -56,3 +103,173 @@ class ChatPrompter:
         """After a generation: the cache now holds the last prompt plus these tokens (EOG included)."""
         self._tokens = self._tokens + list(answer_ids)
         self._text += b"".join(self.model.piece(t, special=True) for t in answer_ids).decode("utf-8", "replace")
+
+
+class _Renderer:
+    """The parent's end of the renderer process: started on first use, killed and restarted after a
+    render that ran out of time or crashed it. One request at a time (threads share it)."""
+
+    _START = f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); " \
+             "from app.chat import serve; serve()"
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def run(self, request: dict[str, Any], limit_s: float) -> dict[str, str]:
+        with self._lock:
+            proc = self._started()
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                with contextlib.suppress(BrokenPipeError):  # a dead renderer shows as no reply below
+                    proc.stdin.write(json.dumps(request).encode() + b"\n")
+                    proc.stdin.flush()
+                # The clock starts once the request is sent: startup and transfer are not the template's doing.
+                answered = select.select([proc.stdout], [], [], limit_s)[0]
+                line = proc.stdout.readline() if answered else b""
+                if line.endswith(b"\n"):  # else it died, perhaps mid-reply (e.g. a C stack overflow)
+                    return json.loads(line)
+            except BaseException:  # e.g. Ctrl-C mid-render: its late reply would answer the next request
+                self._kill()
+                raise
+            self._kill()
+            return {"error": f"took longer than {limit_s:g} s to render" if not answered
+                    else "crashed the template renderer"}
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self._proc is None or self._proc.poll() is not None:
+            # -P: no current directory on its sys.path. A session of its own: Ctrl-C goes to the app only.
+            self._proc = subprocess.Popen([sys.executable, "-P", "-c", self._START], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+            assert self._proc.stdout is not None
+            if self._proc.stdout.readline() != b"ready\n":
+                self._kill()
+                raise SpecchatError(f"the chat template renderer ({sys.executable}) did not start; "
+                                    "is jinja2 installed in this environment?")
+        return self._proc
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+_RENDERER = _Renderer()
+atexit.register(_RENDERER._kill)  # it would exit when its stdin closes, unless busy with an endless template
+
+
+# --- the renderer process -------------------------------------------------------------------------
+
+
+class _Rejected(Exception):
+    """raise_exception(): the template refuses this conversation (e.g. roles that do not alternate)."""
+
+
+class _TooBig(Exception):
+    """An operation whose result would be a memory bomb, refused before it allocates."""
+
+
+class _IgnoreGeneration(Extension):
+    """HuggingFace's `{% generation %}` tag (marks assistant text for training) renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        parser.stream.skip(1)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _raise_exception(message: str) -> None:
+    raise _Rejected(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # Transformers' (and llama-cpp-python's) tojson: no HTML escaping, unlike jinja's own.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """What llama-cpp-python's Jinja2ChatFormatter offers templates, in jinja's immutable sandbox.
+
+    BaseLoader finds no template, so include/import/extends cannot read files. Reaching for an
+    unsafe attribute (`__class__`, `append` on an immutable list) raises at once. `*` and `**` are
+    checked before they run: they turn a short template into gigabytes (the memory limit would stop
+    them too, but this names the cause and works where RLIMIT_AS is not enforced, e.g. macOS).
+    jinja's sandbox already caps range() at MAX_RANGE items.
+    """
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def __init__(self) -> None:
+        super().__init__(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
+                         extensions=[_IgnoreGeneration, loopcontrols])
+        self.filters["tojson"] = _tojson
+        self.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            seq, n = (left, right) if isinstance(right, int) else (right, left)
+            if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * n > MAX_OUTPUT:
+                raise _TooBig(f"tried to build a sequence of {len(seq) * n} items")
+        elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 \
+                and right * abs(left).bit_length() > 100_000:
+            raise _TooBig(f"tried to compute {left} ** {right}")
+        return super().call_binop(context, operator, left, right)
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        # jinja returns an Undefined that prints as "" and fails only when used further: fail now instead,
+        # so that `{{ f.__globals__ }}` is reported rather than silently rendered as nothing.
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+
+def _failure(e: BaseException) -> str:
+    """What went wrong, as the end of a one-line sentence that starts with 'the chat template of X'."""
+    detail = " ".join(str(e).split())[:200]
+    if isinstance(e, jinja2.TemplateNotFound):
+        return f"tried to read a file ({detail}); the file is not trustworthy"
+    if isinstance(e, SecurityError):
+        return f"tried to get out of its sandbox ({detail}); the file is not trustworthy"
+    if isinstance(e, jinja2.TemplateSyntaxError):
+        return f"has a syntax error on line {e.lineno}: {detail}"
+    if isinstance(e, _Rejected):
+        return f"rejected this conversation: {detail}"
+    if isinstance(e, _TooBig):
+        return detail
+    if isinstance(e, RecursionError):
+        return "recursed too deeply"
+    if isinstance(e, MemoryError):
+        return f"used more than {MEMORY_LIMIT >> 20} MB of memory"
+    return f"failed: {type(e).__name__}: {detail}"
+
+
+def serve() -> None:
+    """The renderer process: one JSON request a line in, one JSON reply a line out, until stdin closes.
+
+    A request is {"template": source, "variables": {...} or null to only compile}; a reply is
+    {"text": ...} or {"error": ...}. Replies are ASCII JSON, so any text survives the pipe."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    # Where RLIMIT_AS is missing or not enforced (Windows, macOS) the clock and the `*` check still hold.
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    compiled = lru_cache(maxsize=4)(_Sandbox().from_string)  # the same template every turn
+    stdout.write(b"ready\n")
+    stdout.flush()
+    for line in stdin:
+        request = json.loads(line)
+        try:
+            template = compiled(request["template"])
+            text = "" if request["variables"] is None else template.render(**request["variables"])
+            reply = {"text": text} if len(text) <= MAX_OUTPUT else \
+                {"error": f"produced more than {MAX_OUTPUT // 1_000_000} MB of text"}
+        except Exception as e:  # MemoryError and RecursionError included: the template's fault, reported
+            reply = {"error": _failure(e)}
+        stdout.write(json.dumps(reply).encode() + b"\n")
+        stdout.flush()

@@ -1,0 +1,218 @@
+"""Chat templates are untrusted input: real ones render as before, hostile ones fail as one SpecchatError."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from datetime import datetime
+
+import pytest
+from reliability import tally
+
+from app.chat import _RENDERER, TIME_LIMIT_S, ChatTemplate, Message
+from app.errors import SpecchatError
+
+CHATML = """{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- else %}
+    {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant") %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+LLAMA3 = """{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- set date_string = strftime_now("%d %b %Y") %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{{- "Today Date: " + date_string + "\\n\\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- endif %}
+"""
+
+GEMMA3 = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- set role = "model" if message['role'] == 'assistant' else message['role'] -%}
+    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else "") }}
+    {{ message['content'] | trim }}
+    {{ '<end_of_turn>\\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\\n'}}
+{%- endif -%}
+"""
+
+# What newer templates (Qwen3, DeepSeek, tool calling) lean on: namespace, string methods, tojson, loop
+# controls, HuggingFace's {% generation %} tag, and the tool variables being defined but empty.
+FEATURES = """{%- set ns = namespace(last_user=-1) %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}
+{{- ns.last_user }}|{{ messages[0].content.split(' ')|join(',') }}|{{ messages[0].content.startswith('Hi') }}
+|{{ messages[-1].content.strip().upper() }}|{{ {'k': 'é<&', 'n': [1, none]}|tojson }}|{{ messages|length }}
+|{% for i in range(4) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}{{ i }}{% endfor %}
+|{% generation %}g{% endgeneration %}|{{ tools is defined }}{{ tools is none }}|{{ eos_token }}
+"""
+
+CONVERSATION = [Message("system", "Be brief."), Message("user", "Hi there"), Message("assistant", "Hello! "),
+                Message("user", " What is 2+2? é \U0001f600 ")]
+TEMPLATES = {"chatml": CHATML, "llama3": LLAMA3, "gemma3": GEMMA3, "features": FEATURES}
+
+
+def template(source: str, **kwargs) -> ChatTemplate:
+    return ChatTemplate(source, "evil.gguf", bos_token="<s>", eos_token="</s>", **kwargs)
+
+
+def test_chatml_renders_expected_text():
+    assert template(CHATML).render(CONVERSATION[1:3]) == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\nHello! <|im_end|>\n"
+        "<|im_start|>assistant\n")
+
+
+def test_llama3_renders_expected_text():
+    today = datetime.now().strftime("%d %b %Y")
+    assert template(LLAMA3).render(CONVERSATION[:2], add_generation_prompt=False) == (
+        f"<s><|start_header_id|>system<|end_header_id|>\n\nToday Date: {today}\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>")
+
+
+def test_template_features_render():
+    assert template(FEATURES).render(CONVERSATION[1:]) == (
+        '2|Hi,there|True\n|WHAT IS 2+2? É \U0001f600|{"k": "é<&", "n": [1, null]}|3\n|02|g|TrueTrue|</s>')
+
+
+def test_template_rejecting_a_conversation_says_so():
+    with pytest.raises(SpecchatError, match=r"^the chat template of evil.gguf rejected this conversation: "
+                                            r"Conversation roles must alternate"):
+        template(GEMMA3).render([Message("user", "a"), Message("user", "b")])
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_renders_exactly_as_llama_cpp_python_did(name):
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    for turns in (CONVERSATION[1:2], CONVERSATION[1:3], CONVERSATION[1:], CONVERSATION):
+        if name == "gemma3" and turns is CONVERSATION[1:3]:
+            continue  # ends on the assistant: gemma would reject it on both
+        old = Jinja2ChatFormatter(TEMPLATES[name], eos_token="</s>", bos_token="<s>")(
+            messages=[{"role": m.role, "content": m.content} for m in turns]).prompt
+        assert template(TEMPLATES[name]).render(turns) == old
+
+
+@pytest.mark.real
+def test_the_smollm2_gguf_template_renders_as_before():
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from app.catalog import load_catalog
+    from app.fetch import on_disk
+    from app.llm import Model
+
+    path = on_disk(load_catalog().model("smollm2-135m-instruct"))
+    if path is None:
+        pytest.skip("smollm2-135m-instruct is not on disk")
+    model = Model(path, n_ctx=256)
+    try:
+        source, bos, eos = model.metadata["tokenizer.chat_template"], model.bos_text, model.eos_text
+    finally:
+        model.close()
+    old = Jinja2ChatFormatter(source, eos_token=eos, bos_token=bos)(
+        messages=[{"role": m.role, "content": m.content} for m in CONVERSATION]).prompt
+    new = ChatTemplate(source, path.name, bos, eos).render(CONVERSATION)
+    assert new == old and "<|im_start|>assistant\n" in new
+
+
+ENDLESS = "{% for a in range(99999) %}{% for b in range(99999) %}x{% endfor %}{% endfor %}"
+LIMIT_S = 0.5  # shorter than the default, to keep the suite quick
+SANDBOX = "tried to get out of its sandbox .*; the file is not trustworthy$"
+FILE = "tried to read a file .*; the file is not trustworthy$"
+SLOW = f"took longer than {LIMIT_S:g} s to render$"
+# The memory limit or the clock, whichever strikes first (RLIMIT_AS is not enforced on macOS).
+HUGE = f"used more than \\d+ MB of memory$|{SLOW}"
+ATTACKS = {
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}": SANDBOX,
+    "{{ cycler.__init__.__globals__.os }}": SANDBOX,
+    "{{ lipsum.__globals__['os'].popen('id').read() }}": SANDBOX,
+    "{{ raise_exception.__globals__ }}": SANDBOX,
+    "{{ self.__init__.__globals__ }}": SANDBOX,
+    "{% if ''.__class__ %}leak{% endif %}": SANDBOX,
+    "{{ '{0.__class__.__base__}'.format('') }}": SANDBOX,
+    "{{ messages.append(1) }}": SANDBOX,
+    "{{ messages[0].update({'role': 'system'}) }}": SANDBOX,
+    "{% include '/etc/passwd' %}": FILE,
+    "{% import 'os' as os %}": FILE,
+    "{% from 'os' import system %}": FILE,
+    "{% extends '/etc/passwd' %}": FILE,
+    "{{ 'x' * 10**10 }}": "tried to build a sequence of 10000000000 items$",
+    "{{ 'x' * 99999999 }}": "tried to build a sequence of 99999999 items$",
+    "{{ [messages] * 10**8 }}": "tried to build a sequence of 100000000 items$",
+    "{{ 10 ** (10 ** 10) }}": "tried to compute 10 \\*\\* 10000000000$",
+    "{{ range(10**9)|list }}": "failed: OverflowError: Range too big",
+    "{{ 'x'.center(10**10) }}": HUGE,
+    "{% for i in range(2000) %}{{ 'x' * 9999 }}{% endfor %}": "produced more than 10 MB of text$",
+    ENDLESS: SLOW,
+    # One C call that never returns to Python: printing a list whose halves are shared, 60 deep.
+    "{% set ns = namespace(a=[1]) %}{% for i in range(60) %}{% set ns.a = [ns.a, ns.a] %}{% endfor %}{{ ns.a }}": HUGE,
+    "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}": "recursed too deeply$",
+    "{% for m in messages %}{{ m.content }}": "has a syntax error on line 1: Unexpected end of template",
+}
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_hostile_template_fails_as_one_line_then_rendering_still_works(attack):
+    tally("untrusted chat templates", inputs=1)
+    start = time.monotonic()
+    with pytest.raises(SpecchatError) as caught:
+        template(attack, limit_s=LIMIT_S).render(CONVERSATION)
+    elapsed = time.monotonic() - start
+    message = str(caught.value)
+    assert message.startswith("the chat template of evil.gguf ") and "\n" not in message
+    assert re.search(ATTACKS[attack], message), message
+    assert elapsed < 3 * LIMIT_S
+    if SLOW in ATTACKS[attack] and "memory" not in message:
+        assert elapsed >= LIMIT_S  # it really ran until the limit
+    assert template(CHATML).render(CONVERSATION[1:2]).endswith("<|im_start|>assistant\n")
+
+
+def test_the_default_limit_stops_an_endless_render():
+    tally("untrusted chat templates", inputs=1)
+    start = time.monotonic()
+    with pytest.raises(SpecchatError, match=f"took longer than {TIME_LIMIT_S:g} s to render$"):
+        template(ENDLESS).render(CONVERSATION)
+    assert TIME_LIMIT_S <= time.monotonic() - start < 3 * TIME_LIMIT_S
+
+
+def test_a_renderer_that_dies_mid_render_is_reported_and_replaced():
+    endless = template(ENDLESS, limit_s=10)
+    threading.Timer(0.3, _RENDERER._proc.kill).start()  # e.g. the OOM killer, or a C stack overflow
+    with pytest.raises(SpecchatError, match="^the chat template of evil.gguf crashed the template renderer$"):
+        endless.render(CONVERSATION)
+    assert template(CHATML).render(CONVERSATION[1:2]).endswith("<|im_start|>assistant\n")
