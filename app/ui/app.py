@@ -29,6 +29,14 @@ from app.ui.streaming import pump
 from app.ui.widgets import MessageView, StatsPanel, summary_line
 
 
+class ConversationItem(ListItem):
+    # No DOM id: the list is cleared and refilled, and a cleared item is removed only later,
+    # so a quick second refresh would otherwise collide with ids still in the tree.
+    def __init__(self, conversation_id: int, title: str) -> None:
+        super().__init__(Label(title))
+        self.conversation_id = conversation_id
+
+
 _SAVE_INTERVAL_S = 0.25  # how often a streaming answer is written to the database
 
 
@@ -145,7 +153,9 @@ class SpecchatApp(App[None]):
         self.ready = False
         choice = self.choice
         if self.settings.pair and choice.target is None and choice.pair is None:
-            choice = ModelChoice(self.settings.pair, None, None, choice.n_ctx, choice.threads)
+            choice = replace(choice, pair=self.settings.pair)
+        if self.settings.offline:  # the setting adds to HF_HUB_OFFLINE; it never turns it off
+            choice = replace(choice, offline=True)
         backend = self.backend if self._injected_backend else EngineBackend(choice)
         try:
             backend.load(lambda what, done, total: self.call_from_thread(self._progress, what, done, total))
@@ -188,7 +198,7 @@ class SpecchatApp(App[None]):
         view = self.query_one("#conversations", ListView)
         view.clear()
         for conv in self.store.conversations():
-            view.append(ListItem(Label(conv.title), id=f"conv-{conv.id}"))
+            view.append(ConversationItem(conv.id, conv.title))
 
     def _open(self, conversation_id: int) -> None:
         self.conversation_id = conversation_id
@@ -203,9 +213,9 @@ class SpecchatApp(App[None]):
 
     @on(ListView.Selected, "#conversations")
     def _selected(self, event: ListView.Selected) -> None:
-        if self.generating or event.item.id is None:
+        if self.generating or not isinstance(event.item, ConversationItem):
             return
-        self._open(int(event.item.id.removeprefix("conv-")))
+        self._open(event.item.conversation_id)
 
     def _history(self) -> list[Message]:
         assert self.conversation_id is not None
@@ -379,7 +389,6 @@ class SpecchatApp(App[None]):
         def done(yes: bool | None) -> None:
             if yes:
                 self.store.delete(self.conversation_id)
-                self._refresh_conversations()
                 conversations = self.store.conversations()
                 self._open(conversations[0].id if conversations else self.store.new_conversation().id)
                 self._refresh_conversations()

@@ -146,7 +146,12 @@ class RewriteScreen(Screen[None]):
         if self.result is None:
             self.notify("Nothing to save yet", severity="warning")
             return
-        path = save(self.result, output_path(self.path))
+        try:
+            path = save(self.result, output_path(self.path))
+        except OSError as e:  # a full disk or a read-only folder: the rewrite stays here to retry
+            self.notify(f"could not save next to {self.path}: {e.strerror}; the original is unchanged",
+                        severity="error", timeout=15)
+            return
         self.notify(f"Saved to {path}")
         self._set_status(f"saved to {path} (the original is unchanged)")
 
@@ -156,9 +161,15 @@ class RewriteScreen(Screen[None]):
         result = self.result
 
         def done(yes: bool | None) -> None:
-            if yes:
+            if not yes:
+                return
+            try:
                 save(result, self.path)
-                self.notify(f"Overwrote {self.path}")
+            except OSError as e:
+                self.notify(f"could not overwrite {self.path}: {e.strerror}; it is unchanged", severity="error",
+                            timeout=15)
+                return
+            self.notify(f"Overwrote {self.path}")
         self.app.push_screen(ConfirmScreen(f"Overwrite {self.path} with the rewrite?"), done)
 
     def action_stop_or_close(self) -> None:
