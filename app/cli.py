@@ -11,7 +11,7 @@ from typing import Sequence
 from app.errors import SpecchatError
 from app.runtime import GUESSERS, ModelChoice
 
-COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "costs", "models", "pull")
+COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "costs", "models", "pull", "endurance")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,9 +23,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except SpecchatError as e:
+        _end_progress_line()
         print(f"specchat: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _end_progress_line()
         print("specchat: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `specchat models | head`: the reader left, which is not an error
@@ -75,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("models", help="list the catalog and what is on disk")
     ls.set_defaults(run=_models)
+
+    e = sub.add_parser("endurance", help="a long scripted session through the app, checking stats, memory, caches")
+    e.add_argument("--minutes", type=float, default=20.0)
+    e.add_argument("--workdir", type=Path, default=None, help="where its conversations go (default: a temp dir)")
+    e.add_argument("--seed", type=int, default=0)
+    _model_args(e, guesser=False)
+    e.set_defaults(run=_endurance)
 
     pull = sub.add_parser("pull", help="fetch a model or a pair (all of the default pair if no name)")
     pull.add_argument("name", nargs="?", default=None)
@@ -126,8 +135,21 @@ def _generation_config(args: argparse.Namespace):
     return GenerationConfig(sampling, args.max_tokens, args.k)
 
 
+_progress_open = False  # a progress line is on stderr, still without its newline
+
+
 def _progress(what: str, done: int, total: int) -> None:
+    global _progress_open
     print(f"\r{what}: {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
+    _progress_open = done < total
+
+
+def _end_progress_line() -> None:
+    """Finish an interrupted progress line, so that the message after it starts a line of its own."""
+    global _progress_open
+    if _progress_open:
+        print(file=sys.stderr)
+        _progress_open = False
 
 
 def _chat(args: argparse.Namespace) -> int:
@@ -165,6 +187,17 @@ def _generate(args: argparse.Namespace) -> int:
                   f"({s.accepted}/{s.drafted}), prompt {s.n_prompt} tokens in {s.prefill_s:.2f}s, "
                   f"stop: {event.reason}", file=sys.stderr)
     return 0
+
+
+def _endurance(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from app.endurance import run
+
+    with tempfile.TemporaryDirectory(prefix="specchat-endurance-") as tmp:
+        report = run(_choice(args), args.workdir or Path(tmp), args.minutes, args.seed)
+    print("\n".join(report.lines()))
+    return 1 if report.problems else 0
 
 
 def _bench(args: argparse.Namespace) -> int:

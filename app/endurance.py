@@ -1,0 +1,225 @@
+"""A long scripted session through the real app: `specchat endurance --minutes 20`.
+
+It chats, switches guessers, stops answers midway, regenerates and rewrites a document, as a
+person keeping the app open all day would, and checks after every answer that the numbers
+the engine, the stats panel and the database report agree. Memory is sampled after each
+answer. It ends with a greedy answer that a fresh process must reproduce token for token,
+which shows the KV caches stayed consistent through everything before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from app.runtime import ModelChoice
+from app.store import Store
+
+PROMPTS = [
+    "Explain in two sentences what a hash table is.",
+    "Write a haiku about autumn rain.",
+    "List four uses of a paperclip.",
+    "What is the capital of France, and why is it famous?",
+    "Rewrite this more formally: hey, the meeting got moved to friday, can u come?",
+    "Give me a short Python function that reverses a string.",
+    "Summarise the plot of Romeo and Juliet in three sentences.",
+    "What are the three states of matter?",
+]
+DOCUMENT = ("Our team met on tuesday to discus the new release. Every body agreed that the tests "
+            "needs more coverage before we ship.\n\nThe next meeting is on friday at 10am.\n")
+LONG_PROMPT = "Tell me a long story about a lighthouse keeper and a storm."  # for the turns that stop early
+FINAL_PROMPT = "Describe the water cycle in four sentences."
+
+
+@dataclass
+class Report:
+    answers: int = 0
+    stops: int = 0
+    regenerations: int = 0
+    rewrites: int = 0
+    switches: int = 0
+    problems: list[str] = field(default_factory=list)
+    rss_mb: list[float] = field(default_factory=list)  # resident memory after each answer
+    peak_mb: list[float] = field(default_factory=list)  # the process's peak so far, after each answer
+    final: str = ""
+    fresh: str = ""
+
+    def memory_flat(self) -> bool:
+        """The last third of the session peaks no higher than the first third, within 5% + 32 MB
+        (allocator noise); the first answers are where caches and buffers legitimately grow."""
+        third = max(1, len(self.rss_mb) // 3)
+        return max(self.rss_mb[-third:]) <= max(self.rss_mb[:third]) * 1.05 + 32
+
+    def lines(self) -> list[str]:
+        third = max(1, len(self.rss_mb) // 3)
+        return [
+            f"answers {self.answers} (stopped {self.stops}, regenerated {self.regenerations}), "
+            f"rewrites {self.rewrites}, guesser switches {self.switches}",
+            f"resident memory after each answer: first third max {max(self.rss_mb[:third]):.0f} MB, "
+            f"last third max {max(self.rss_mb[-third:]):.0f} MB, process peak {self.peak_mb[-1]:.0f} MB "
+            f"-> {'flat' if self.memory_flat() else 'GROWING'}",
+            f"final greedy answer equals a fresh process's: {self.final == self.fresh} ({len(self.final)} chars)",
+            f"problems: {len(self.problems)}", *(f"  {p}" for p in self.problems),
+        ]
+
+
+def _rss_mb() -> tuple[float, float]:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kilobytes on Linux
+    return pages * resource.getpagesize() / 2**20, peak_kb / 1024
+
+
+def check_answer(app, report: Report) -> None:
+    """The panel's running totals, the per-step figures and the stored answer must agree."""
+    from app.ui.widgets import StatsPanel
+
+    panel = app.query_one(StatsPanel)
+    steps, t = panel.steps, panel.totals
+    stored = app.store.messages(app.conversation_id)[-1]
+    rejected = sum(s.drafted - s.accepted for s in steps)
+    checks = {
+        "every step accepts at most what it drafted": all(0 <= s.accepted <= s.drafted for s in steps),
+        "drafted == accepted + rejected": t.drafted == t.accepted + rejected == sum(s.drafted for s in steps),
+        "rejecting steps counted once each": t.rejections == sum(s.accepted < s.drafted for s in steps),
+        "tokens add up over steps": t.n_tokens == sum(len(s.tokens) for s in steps),
+        "guessed tokens shown <= accepted": sum(tok.source.value == "draft" for s in steps for tok in s.tokens)
+        <= t.accepted,
+        "stored answer finished": stored.role == "assistant" and stored.status in ("complete", "stopped"),
+        "stored token count == panel's": (stored.stats or {}).get("tokens") == t.n_tokens,
+        "stored text == shown text": stored.content == app.query("MessageView").last().content,
+    }
+    report.problems += [f"answer {report.answers}: {name}" for name, ok in checks.items() if not ok]
+    rss, peak = _rss_mb()
+    report.rss_mb.append(rss)
+    report.peak_mb.append(peak)
+    report.answers += 1
+
+
+async def _until(pilot, condition, what: str, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"endurance: timed out waiting for {what}")
+        await pilot.pause(0.02)
+
+
+async def _ask(pilot, app, prompt: str, stop_after: int | None = None) -> None:
+    from app.ui.widgets import StatsPanel
+
+    app.query_one("#input").text = prompt
+    await pilot.press("enter")  # the key's handler sets `generating` before press() returns
+    if stop_after is not None:
+        await _until(pilot, lambda: not app.generating or app.query_one(StatsPanel).totals.n_tokens >= stop_after,
+                     "some tokens")
+        await pilot.press("escape")
+    await _until(pilot, lambda: not app.generating, "the answer")
+
+
+async def _rewrite(pilot, app, doc: Path, report: Report) -> None:
+    from app.ui.rewrite import RewriteScreen
+
+    await pilot.press("ctrl+o")
+    await _until(pilot, lambda: len(app.screen_stack) > 1, "the path prompt")
+    app.screen.query_one("#prompt-input").value = str(doc)
+    await pilot.press("enter")
+    await _until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
+    screen = app.screen
+    await pilot.press("ctrl+r")  # starts the rewrite worker: `running` is set before the key returns
+    await _until(pilot, lambda: not screen.running, "the rewrite")
+    if screen.result is None:
+        report.problems.append(f"rewrite of {doc.name} gave no result")
+    await pilot.press("ctrl+s")
+    await pilot.press("escape")
+    await _until(pilot, lambda: not isinstance(app.screen, RewriteScreen), "the chat screen")
+
+
+async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 0,
+                final_only: bool = False) -> Report:
+    from app.settings import Settings, save_settings
+    from app.ui.app import SpecchatApp
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "config.toml"
+    save_settings(Settings(max_tokens=96), config)
+    rng, report = random.Random(seed), Report()
+    app = SpecchatApp(choice, store=Store(workdir / "chat.db"), settings_path=config)
+    app.notify = lambda message, **kw: report.problems.append(f"notification: {message}") \
+        if kw.get("severity") == "error" else None
+    async with app.run_test(headless=True, size=(140, 40)) as pilot:
+        await _until(pilot, lambda: app.ready, "the models to load")
+        end = time.monotonic() + minutes * 60
+        turn = 0
+        while not final_only and time.monotonic() < end:
+            turn += 1
+            await pilot.press("ctrl+g")
+            report.switches += 1
+            if turn % 6 == 0:
+                await pilot.press("ctrl+n")
+            if turn % 7 == 0:
+                doc = workdir / f"doc-{turn}.md"
+                doc.write_text(DOCUMENT)
+                await _rewrite(pilot, app, doc, report)
+                report.rewrites += 1
+                if doc.read_text() != DOCUMENT:
+                    report.problems.append(f"turn {turn}: the rewrite changed the original document")
+                continue
+            stop = rng.randint(3, 30) if turn % 3 == 0 else None
+            await _ask(pilot, app, LONG_PROMPT if stop else rng.choice(PROMPTS), stop)
+            check_answer(app, report)
+            report.stops += stop is not None and app.store.messages(app.conversation_id)[-1].status == "stopped"
+            if turn % 4 == 0:
+                await pilot.press("ctrl+r")
+                await _until(pilot, lambda: not app.generating, "the regeneration")
+                check_answer(app, report)
+                report.regenerations += 1
+        # The check: greedy, no guesser, a new conversation, against a process that did nothing else.
+        app._apply_settings(replace(app.settings, guesser="none", temperature=0.0))
+        await pilot.press("ctrl+n")
+        await _ask(pilot, app, FINAL_PROMPT)
+        check_answer(app, report)
+        report.final = app.store.messages(app.conversation_id)[-1].content
+    return report
+
+
+def fresh_answer(choice: ModelChoice, workdir: Path) -> str:
+    cmd = [sys.executable, "-m", "app.endurance", "--workdir", str(workdir), "--ctx", str(choice.n_ctx)]
+    cmd += ["--pair", choice.pair] if choice.pair else []
+    cmd += ["--threads", str(choice.threads)] if choice.threads else []
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900).stdout
+    return json.loads(out.strip().splitlines()[-1])["final"]
+
+
+def run(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 0) -> Report:
+    report = asyncio.run(drive(choice, workdir / "session", minutes, seed))
+    report.fresh = fresh_answer(choice, workdir / "fresh")
+    if report.final != report.fresh:
+        report.problems.append("the final greedy answer differs from a fresh process's")
+    if not report.memory_flat():
+        report.problems.append("resident memory grew over the session")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The fresh process of the final check: only the final greedy answer, printed as JSON."""
+    p = argparse.ArgumentParser(prog="python -m app.endurance")
+    p.add_argument("--pair", default=None)
+    p.add_argument("--workdir", type=Path, required=True)
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    choice = ModelChoice(pair=args.pair, n_ctx=args.ctx, threads=args.threads)
+    report = asyncio.run(drive(choice, args.workdir, 0, final_only=True))
+    print(json.dumps({"final": report.final}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

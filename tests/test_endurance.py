@@ -1,0 +1,20 @@
+"""The short version of `specchat endurance` (the 20-minute run is in the README, not in CI)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.endurance import run
+from app.runtime import ModelChoice
+from reliability import tally
+
+pytestmark = pytest.mark.real
+
+
+def test_short_endurance_session(tmp_path, smol_path):
+    report = run(ModelChoice(pair="smollm2-self", n_ctx=2048), tmp_path, minutes=1.0)
+    print("\n".join(report.lines()))
+    assert report.problems == []
+    assert report.answers >= 10 and report.stops >= 1 and report.regenerations >= 1 and report.rewrites >= 1
+    assert report.final and report.final == report.fresh
+    tally("endurance session (short, CI)", trials=report.answers + report.rewrites, lost=0)
