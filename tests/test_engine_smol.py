@@ -158,3 +158,22 @@ def test_prompt_longer_than_context_is_a_clear_error(smol_path):
     done = run(Engine(model), model.tokenize("Count: 1, 2, 3,"), GenerationConfig(max_tokens=400))
     assert done.reason in ("context_full", "eog")
     model.close()
+
+
+def test_auto_keeps_what_its_cost_curve_learned(smol_path, tmp_path, monkeypatch):
+    from app.backend import EngineBackend
+    from app.cost import COSTS
+    from app.files import cache_file, read_cache
+    from app.runtime import ModelChoice
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a first start: the curve is measured
+    backend = EngineBackend(ModelChoice(target=smol_path, draft=smol_path, n_ctx=512))
+    backend.load(lambda what, done, total: None)
+    measured = read_cache(cache_file(COSTS))
+    events = list(backend.chat([Message("user", "Count from one to ten.")], GenerationConfig(max_tokens=24),
+                               "auto", threading.Event()))
+    assert isinstance(events[-1], Done)
+    learned = read_cache(cache_file(COSTS))
+    assert learned.keys() == measured.keys() and len(measured) == 1
+    [key] = measured
+    assert learned[key]["verify_s"] != measured[key]["verify_s"]  # real steps' timings were folded in
