@@ -99,6 +99,7 @@ def test_sigkill_while_chatting(tmp_path, env):
         assert all(m.status == "complete" for m in messages[:-1])
         if messages and messages[-1].role == "assistant" and messages[-1].status == "partial":
             mid_answer += 1
+            tally("SIGKILL while chatting: inside an answer", faults=1, lost=0)
             if guesser == "none":
                 assert reference[len(roles) // 2 - 1].startswith(messages[-1].content)
         elif code == -signal.SIGKILL and messages:

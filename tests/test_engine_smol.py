@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -160,15 +161,53 @@ def test_prompt_longer_than_context_is_a_clear_error(smol_path):
     model.close()
 
 
-def test_auto_keeps_what_its_cost_curve_learned(smol_path, tmp_path, monkeypatch):
+def _backend(smol_path, n_ctx: int):
     from app.backend import EngineBackend
-    from app.cost import COSTS
-    from app.files import cache_file, read_cache
     from app.runtime import ModelChoice
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a first start: the curve is measured
-    backend = EngineBackend(ModelChoice(target=smol_path, draft=smol_path, n_ctx=512))
+    backend = EngineBackend(ModelChoice(target=smol_path, draft=smol_path, n_ctx=n_ctx))
     backend.load(lambda what, done, total: None)
+    return backend
+
+
+def test_overflowing_conversation_drops_the_oldest_turns_and_says_so(smol_path, tmp_path, monkeypatch):
+    from app.backend import Notice
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    backend = _backend(smol_path, n_ctx=512)
+    long_turn = "Tell me about the sea. " * 20  # about 120 tokens a turn
+    history = [Message("system", "Be brief.")]
+    for n in range(6):
+        history += [Message("user", f"{n}: {long_turn}"), Message("assistant", f"Answer {n}: {long_turn}")]
+    history.append(Message("user", "And now, the last question: what colour is the sea?"))
+    events = list(backend.chat(history, GenerationConfig(max_tokens=32), "none", threading.Event()))
+    notices = [e for e in events if isinstance(e, Notice)]
+    assert len(notices) == 1 and "oldest" in notices[0].text and "512-token context" in notices[0].text
+    done = events[-1]
+    assert isinstance(done, Done) and done.reason in ("eog", "max_tokens") and done.stats.n_tokens > 0
+    # What was kept: the system prompt and the newest messages, with room left for the answer.
+    dropped = int(re.search(r"oldest (\d+) message", notices[0].text)[1])
+    kept = history[:1] + history[1 + dropped:]
+    assert 0 < dropped < len(history) - 2
+    assert len(ChatPrompter(backend.target).tokens(kept)) == done.stats.n_prompt <= 512 - 32
+
+
+def test_one_message_longer_than_the_context_is_a_clear_error(smol_path, tmp_path, monkeypatch):
+    from app.errors import SpecchatError
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    backend = _backend(smol_path, n_ctx=256)
+    with pytest.raises(SpecchatError, match="context holds 256"):
+        list(backend.chat([Message("user", "word " * 400)], GenerationConfig(max_tokens=8), "none",
+                          threading.Event()))
+
+
+def test_auto_keeps_what_its_cost_curve_learned(smol_path, tmp_path, monkeypatch):
+    from app.cost import COSTS
+    from app.files import cache_file, read_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a first start: the curve is measured
+    backend = _backend(smol_path, n_ctx=512)
     measured = read_cache(cache_file(COSTS))
     events = list(backend.chat([Message("user", "Count from one to ten.")], GenerationConfig(max_tokens=24),
                                "auto", threading.Event()))
