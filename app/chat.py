@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import json
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -63,7 +64,8 @@ class ChatTemplate:
                           "functions": None, "function_call": None, "tools": None, "tool_choice": None})
 
     def _run(self, variables: dict[str, Any] | None) -> str:
-        reply = _RENDERER.run({"template": self.source, "variables": variables}, self.limit_s)
+        reply = _RENDERER.run({"template": self.source, "variables": variables, "limit_s": self.limit_s},
+                              self.limit_s)
         if "error" in reply:
             raise SpecchatError(f"the chat template of {self.name} {reply['error']}")
         return reply["text"]
@@ -251,8 +253,12 @@ def _failure(e: BaseException) -> str:
 def serve() -> None:
     """The renderer process: one JSON request a line in, one JSON reply a line out, until stdin closes.
 
-    A request is {"template": source, "variables": {...} or null to only compile}; a reply is
-    {"text": ...} or {"error": ...}. Replies are ASCII JSON, so any text survives the pipe."""
+    A request is {"template": source, "variables": {...} or null to only compile, "limit_s": s}; a
+    reply is {"text": ...} or {"error": ...}. Replies are ASCII JSON, so any text survives the pipe.
+
+    The parent kills a render that outlives its limit, but if the parent itself dies (SIGKILL)
+    mid-render, nobody would: so each request also arms SIGALRM at its default action, which the
+    kernel carries out even inside a C call that never returns, one second after the limit."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     # Where RLIMIT_AS is missing or not enforced (Windows, macOS) the clock and the `*` check still hold.
     with contextlib.suppress(ImportError, ValueError, OSError):
@@ -262,8 +268,13 @@ def serve() -> None:
     compiled = lru_cache(maxsize=4)(_Sandbox().from_string)  # the same template every turn
     stdout.write(b"ready\n")
     stdout.flush()
+    deadman = getattr(signal, "setitimer", None)  # POSIX only, like the select() in the parent
+    if deadman:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
     for line in stdin:
         request = json.loads(line)
+        if deadman:
+            deadman(signal.ITIMER_REAL, float(request.get("limit_s", TIME_LIMIT_S)) + 1.0)
         try:
             template = compiled(request["template"])
             text = "" if request["variables"] is None else template.render(**request["variables"])
@@ -271,5 +282,7 @@ def serve() -> None:
                 {"error": f"produced more than {MAX_OUTPUT // 1_000_000} MB of text"}
         except Exception as e:  # MemoryError and RecursionError included: the template's fault, reported
             reply = {"error": _failure(e)}
+        if deadman:
+            deadman(signal.ITIMER_REAL, 0)
         stdout.write(json.dumps(reply).encode() + b"\n")
         stdout.flush()

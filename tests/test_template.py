@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime
@@ -216,3 +220,18 @@ def test_a_renderer_that_dies_mid_render_is_reported_and_replaced():
     with pytest.raises(SpecchatError, match="^the chat template of evil.gguf crashed the template renderer$"):
         endless.render(CONVERSATION)
     assert template(CHATML).render(CONVERSATION[1:2]).endswith("<|im_start|>assistant\n")
+
+
+def test_an_orphaned_renderer_stops_an_endless_render_by_itself():
+    """If the app is killed mid-render nobody kills the renderer, so it must stop on its own."""
+    tally("untrusted chat templates", inputs=1)
+    proc = subprocess.Popen([sys.executable, "-c", "from app.chat import serve; serve()"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    assert proc.stdout.readline() == b"ready\n"
+    request = {"template": ENDLESS, "limit_s": LIMIT_S,
+               "variables": {"messages": [{"role": "user", "content": "hi"}]}}
+    proc.stdin.write(json.dumps(request).encode() + b"\n")
+    proc.stdin.flush()  # and then never read the reply nor kill it, as a dead parent would
+    start = time.monotonic()
+    assert proc.wait(timeout=30) == -signal.SIGALRM
+    assert time.monotonic() - start < LIMIT_S + 3
