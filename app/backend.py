@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Protocol, Sequence, Union
 
 from app.chat import ChatPrompter, Message
 from app.engine import Done, Engine, Event, GenerationConfig, final
-from app.cost import load_curve, save_curve
+from app.cost import load_curve
 from app.fetch import Progress
 from app.files import cache_file, read_cache, update_cache
 from app.guessers import AutoGuesser, DraftGuesser, Guesser, LookupGuesser, NoGuesser
@@ -74,9 +74,7 @@ class EngineBackend:
             self.has_draft = True
         progress("measuring this machine's decode costs (first run only)", 0, 1)
         # Its own DraftGuesser (same model): auto sets an early stop that plain `draft` must not get.
-        self._auto = AutoGuesser(load_curve(self.target, draft), DraftGuesser(draft) if draft else None)
-        self.guessers["auto"] = self._auto
-        self._draft = draft
+        self.guessers["auto"] = AutoGuesser(load_curve(self.target, draft), DraftGuesser(draft) if draft else None)
         self.engine = Engine(self.target)
         self.prompter = ChatPrompter(self.target)
         self.name = f"{self.target.name}" + (f" + {draft.name}" if draft is not None else "")
@@ -108,9 +106,6 @@ class EngineBackend:
         for event in self.engine.generate(prompt, config, cancel):
             if isinstance(event, Done):
                 self.prompter.remember(event.token_ids)
-                if self.engine.guesser is self._auto:
-                    # The cost curve follows real steps' timings; keep what it learned for the next start.
-                    save_curve(self.target, self._draft, self._auto.curve)
             yield event
 
     def _measure_baseline(self) -> Baseline:

@@ -82,7 +82,8 @@ def test_generate_offline_with_models_on_disk(smol_path, tmp_path):
     models.mkdir()
     shutil.copy(smol_path, models / smol_path.name)
     result = specchat("generate", "Say hello.", "--pair", "smollm2-self", "--max-tokens", "12",
-                      env={"HF_HUB_OFFLINE": "1", "SPECCHAT_MODELS_DIR": str(models), "HF_HUB_CACHE": str(tmp_path)})
+                      env={"HF_HUB_OFFLINE": "1", "SPECCHAT_MODELS_DIR": str(models), "HF_HUB_CACHE": str(tmp_path),
+                           "XDG_CACHE_HOME": str(tmp_path)})  # its cost curve stays out of the user's cache
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     stats = result.stderr.strip().splitlines()[-1]

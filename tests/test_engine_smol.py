@@ -200,19 +200,3 @@ def test_one_message_longer_than_the_context_is_a_clear_error(smol_path, tmp_pat
     with pytest.raises(SpecchatError, match="context holds 256"):
         list(backend.chat([Message("user", "word " * 400)], GenerationConfig(max_tokens=8), "none",
                           threading.Event()))
-
-
-def test_auto_keeps_what_its_cost_curve_learned(smol_path, tmp_path, monkeypatch):
-    from app.cost import COSTS
-    from app.files import cache_file, read_cache
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a first start: the curve is measured
-    backend = _backend(smol_path, n_ctx=512)
-    measured = read_cache(cache_file(COSTS))
-    events = list(backend.chat([Message("user", "Count from one to ten.")], GenerationConfig(max_tokens=24),
-                               "auto", threading.Event()))
-    assert isinstance(events[-1], Done)
-    learned = read_cache(cache_file(COSTS))
-    assert learned.keys() == measured.keys() and len(measured) == 1
-    [key] = measured
-    assert learned[key]["verify_s"] != measured[key]["verify_s"]  # real steps' timings were folded in
