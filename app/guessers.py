@@ -88,20 +88,35 @@ def lookup(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
 
 def lookup_match(context: Sequence[int], k: int, max_ngram: int = 3) -> tuple[list[int], int]:
     """The proposal and the length of the n-gram that matched (0: no match)."""
-    if k <= 0:
-        return [], 0
+    start, ng, _ = _match(context, max_ngram) if k > 0 else (0, 0, False)
+    return ([int(t) for t in context[start:start + k]], ng) if ng else ([], 0)
+
+
+def _match(context: Sequence[int], max_ngram: int, cursor: int | None = None,
+           window: int = 8) -> tuple[int, int, bool]:
+    """Where to copy from: the continuation of the longest n-gram that ends the context and
+    occurred before (its most recent occurrence), and n (0: no match). Given a `cursor` (where
+    the answer was last copying from), an occurrence whose continuation lies within `window`
+    tokens after it wins over any other: in a passage that the answer copies with edits, the
+    text after the edit is there, not at the latest " the" or "    return". The flag says so."""
     seq = np.asarray(context, dtype=np.int64)
     n = len(seq)
+    fallback = (0, 0, False)
     for ng in range(min(max_ngram, n - 1), 0, -1):
         # Start positions j < n - ng whose ng tokens equal the last ng tokens (vectorized).
         match = np.ones(n - ng, dtype=bool)
         for t in range(ng):
             match &= seq[t:n - ng + t] == seq[n - ng + t]
-        hits = np.flatnonzero(match)
-        if len(hits):
-            j = hits[-1] + ng
-            return seq[j:min(j + k, n)].tolist(), ng
-    return [], 0
+        ends = np.flatnonzero(match) + ng
+        if cursor is not None:
+            near = ends[(ends >= cursor) & (ends <= cursor + window)]
+            if len(near):
+                return int(near[0]), ng, True
+        if len(ends) and not fallback[1]:
+            fallback = (int(ends[-1]), ng, False)
+            if cursor is None:
+                break
+    return fallback
 
 
 class DraftGuesser:
@@ -169,6 +184,9 @@ def _confidence(logits: np.ndarray, token: int, probs: np.ndarray | None) -> flo
     return float(shifted[token] / shifted.sum())
 
 
+_NEAR, _SUBSTITUTE = -1, -2  # lookup options besides an n-gram match of length n (see AutoGuesser)
+
+
 class AutoGuesser:
     """Per step, the guess that maximizes expected tokens per second: prompt lookup when a match
     is worth it, the draft model when that pays, or nothing (a plain step).
@@ -188,21 +206,38 @@ class AutoGuesser:
         self.lookup_acceptance = {(n, run): Acceptance(3.0, 4.0) if run else Acceptance()
                                   for n in range(1, max_ngram + 1) for run in (False, True)}
         self._copying = False
+        # Copying on from where the last lookup left off (see _match).
+        self.near_acceptance = Acceptance(3.0, 4.0)
+        self.substitute_acceptance = Acceptance()
+        self._cursor: int | None = None  # where in the context the answer was last copying from
+        self._start = 0  # where the last lookup proposal was copied from
+        self._substitute: int | None = None  # where copying resumes if the target replaced one token
         self.draft_acceptance = Acceptance()
         self._last: tuple[str, int, bool] = ("none", 0, False)
         if draft is not None:
             draft.keep_going = lambda confidences: keep_drafting(confidences, self.curve)
 
     def prepare(self, context: Sequence[int]) -> None:
+        self._cursor = self._substitute = None  # a new generation: nothing is being copied yet
         if self.draft is not None:
             self.draft.prepare(context)
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
         choice, best = ("none", 0, None), 1.0 / float(self.curve.verify(1))
-        found, ngram = lookup_match(context, k, self.max_ngram)
+        start, ngram, near = _match(context, self.max_ngram, self._cursor)
+        if self._substitute is not None and not near and self._substitute < len(context) - 1:
+            # The last guess was rejected at the cursor and nothing near matches the target's own
+            # token: assume it replaced the copied one (a renamed identifier, a fixed word).
+            start, ngram, near = self._substitute, _SUBSTITUTE, True
+        self._substitute = None
+        # Copying on where the last guess left off, and guessing a substitution, are options of
+        # their own with their own estimates: renames are substitutions, typo fixes seldom are.
+        estimate = self.lookup_acceptance.get((ngram, self._copying)) if not near else \
+            self.substitute_acceptance if ngram == _SUBSTITUTE else self.near_acceptance
+        found = [int(t) for t in context[start:start + k]] if ngram else []
         if found:
-            n, rate = self._plan(self.lookup_acceptance[ngram, self._copying], len(found), 0.0)
+            n, rate = self._plan(estimate, len(found), 0.0)
             if rate > best:
                 choice, best = ("lookup", n, ngram), rate
         if self.draft is not None:
@@ -210,8 +245,9 @@ class AutoGuesser:
             if rate > best:
                 choice, best = ("draft", n, None), rate
         source, n, ngram = choice
-        self._last = (source, ngram or 0, self._copying)
+        self._last = (source, _NEAR if near and ngram != _SUBSTITUTE else ngram or 0, self._copying)
         if source == "lookup":
+            self._start = start
             return Proposal(found[:n], None, "lookup")
         if source == "draft":
             assert self.draft is not None
@@ -231,11 +267,19 @@ class AutoGuesser:
         self.curve.observe_verify(drafted + 1, verify_s)
         self._copying = source == "lookup" and accepted == drafted
         if source == "lookup":
-            self.lookup_acceptance[ngram, copying].observe(accepted, accepted < drafted)
+            # Only a guess that landed at least once shows where the answer copies from: a first-token
+            # miss may just be the wrong occurrence, and following it would drift off the passage.
+            if accepted:
+                self._cursor = self._start + accepted
+            self._substitute = self._cursor + 1 if 0 < accepted < drafted else None
+            estimate = {_NEAR: self.near_acceptance, _SUBSTITUTE: self.substitute_acceptance}.get(ngram) \
+                or self.lookup_acceptance[ngram, copying]
+            estimate.observe(accepted, accepted < drafted)
         elif source == "draft":
             self.draft_acceptance.observe(accepted, accepted < drafted)
             self.curve.observe_draft(drafted, draft_s)
         # An option never chosen is never measured again: estimates that ruled a guesser out
         # drift back towards the prior, so that it is retried now and then.
-        for estimate in [self.draft_acceptance, *self.lookup_acceptance.values()]:
+        for estimate in [self.draft_acceptance, self.near_acceptance, self.substitute_acceptance,
+                         *self.lookup_acceptance.values()]:
             estimate.relax()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from app.controller import Acceptance, CostCurve, best_k, expected_tokens, keep_drafting
-from app.guessers import AutoGuesser
+from app.guessers import AutoGuesser, _match
 from app.sampling import SamplingConfig
 
 # Shapes measured on this project's machines: a 2-core CPU, where verifying 5 positions costs
@@ -85,3 +85,27 @@ def test_auto_learns_to_stop_guessing_what_is_always_rejected():
         else:
             auto.observe(0, 0, 0.0, float(CPU.verify(1)))
     assert 0 < tried < 10
+
+
+def test_lookup_prefers_the_passage_being_copied_over_the_latest_occurrence():
+    context = [1, 2, 3, 7, 7, 1, 2, 4, 8, 1, 2]
+    assert _match(context, 3) == (7, 2, False)  # the latest "1 2" continues with 4
+    assert _match(context, 3, cursor=2) == (2, 2, True)  # the copy was at the first: it continues with 3
+
+
+def test_auto_guesses_a_substitution_after_an_edit_inside_a_copy():
+    auto = AutoGuesser(CostCurve(list(GPU.verify_s), GPU.draft_s))
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    passage = [10, 11, 12, 40, 13, 14, 15, 16, 17]  # 40: an identifier the answer renames to 41
+    answer = passage + [99] + [10, 11]
+    auto.prepare(answer)
+    first = auto.propose(answer, 8, greedy, rng)
+    assert first.tokens[:3] == [12, 40, 13]
+    auto.observe(len(first.tokens), 1, 0.0, 0.01)  # 12 accepted; the target said 41, not 40
+    resumed = auto.propose(answer + [12, 41], 8, greedy, rng)
+    assert resumed.source == "lookup" and resumed.tokens[:3] == [13, 14, 15]  # copying on after 40
+    # A miss at the very first guessed token may only mean the wrong occurrence: no substitution then.
+    auto.prepare(answer)
+    auto.propose(answer, 8, greedy, rng)
+    auto.observe(len(first.tokens), 0, 0.0, 0.01)
+    assert auto.propose(answer + [77], 8, greedy, rng).source == "none"
