@@ -184,9 +184,6 @@ def _confidence(logits: np.ndarray, token: int, probs: np.ndarray | None) -> flo
     return float(shifted[token] / shifted.sum())
 
 
-_NEAR, _SUBSTITUTE = -1, -2  # lookup options besides an n-gram match of length n (see AutoGuesser)
-
-
 class AutoGuesser:
     """Per step, the guess that maximizes expected tokens per second: prompt lookup when a match
     is worth it, the draft model when that pays, or nothing (a plain step).
@@ -213,7 +210,8 @@ class AutoGuesser:
         self._start = 0  # where the last lookup proposal was copied from
         self._substitute: int | None = None  # where copying resumes if the target replaced one token
         self.draft_acceptance = Acceptance()
-        self._last: tuple[str, int, bool] = ("none", 0, False)
+        # The last step's source, and for lookup the estimate that its outcome updates.
+        self._last: tuple[str, Acceptance | None] = ("none", None)
         if draft is not None:
             draft.keep_going = lambda confidences: keep_drafting(confidences, self.curve)
 
@@ -226,26 +224,25 @@ class AutoGuesser:
                 rng: np.random.Generator) -> Proposal:
         choice, best = ("none", 0, None), 1.0 / float(self.curve.verify(1))
         start, ngram, near = _match(context, self.max_ngram, self._cursor)
+        # Copying on where the last guess left off, and guessing a substitution, are options of
+        # their own with their own estimates: renames are substitutions, typo fixes seldom are.
+        estimate = self.near_acceptance if near else self.lookup_acceptance.get((ngram, self._copying))
         if self._substitute is not None and not near and self._substitute < len(context) - 1:
             # The last guess was rejected at the cursor and nothing near matches the target's own
             # token: assume it replaced the copied one (a renamed identifier, a fixed word).
-            start, ngram, near = self._substitute, _SUBSTITUTE, True
+            start, estimate = self._substitute, self.substitute_acceptance
         self._substitute = None
-        # Copying on where the last guess left off, and guessing a substitution, are options of
-        # their own with their own estimates: renames are substitutions, typo fixes seldom are.
-        estimate = self.lookup_acceptance.get((ngram, self._copying)) if not near else \
-            self.substitute_acceptance if ngram == _SUBSTITUTE else self.near_acceptance
-        found = [int(t) for t in context[start:start + k]] if ngram else []
+        found = [int(t) for t in context[start:start + k]] if estimate is not None else []
         if found:
             n, rate = self._plan(estimate, len(found), 0.0)
             if rate > best:
-                choice, best = ("lookup", n, ngram), rate
+                choice, best = ("lookup", n, estimate), rate
         if self.draft is not None:
             n, rate = self._plan(self.draft_acceptance, k, self.curve.draft_s)
             if rate > best:
-                choice, best = ("draft", n, None), rate
-        source, n, ngram = choice
-        self._last = (source, _NEAR if near and ngram != _SUBSTITUTE else ngram or 0, self._copying)
+                choice, best = ("draft", n, self.draft_acceptance), rate
+        source, n, chosen = choice
+        self._last = (source, chosen)
         if source == "lookup":
             self._start = start
             return Proposal(found[:n], None, "lookup")
@@ -263,7 +260,7 @@ class AutoGuesser:
         return max(n, 1), rate
 
     def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        source, ngram, copying = self._last
+        source, estimate = self._last
         self.curve.observe_verify(drafted + 1, verify_s)
         self._copying = source == "lookup" and accepted == drafted
         if source == "lookup":
@@ -272,12 +269,10 @@ class AutoGuesser:
             if accepted:
                 self._cursor = self._start + accepted
             self._substitute = self._cursor + 1 if 0 < accepted < drafted else None
-            estimate = {_NEAR: self.near_acceptance, _SUBSTITUTE: self.substitute_acceptance}.get(ngram) \
-                or self.lookup_acceptance[ngram, copying]
-            estimate.observe(accepted, accepted < drafted)
-        elif source == "draft":
-            self.draft_acceptance.observe(accepted, accepted < drafted)
+        if source == "draft":
             self.curve.observe_draft(drafted, draft_s)
+        if estimate is not None:
+            estimate.observe(accepted, accepted < drafted)
         # An option never chosen is never measured again: estimates that ruled a guesser out
         # drift back towards the prior, so that it is retried now and then.
         for estimate in [self.draft_acceptance, self.near_acceptance, self.substitute_acceptance,
