@@ -74,7 +74,8 @@ class EngineBackend:
             self.has_draft = True
         progress("measuring this machine's decode costs (first run only)", 0, 1)
         # Its own DraftGuesser (same model): auto sets an early stop that plain `draft` must not get.
-        self.guessers["auto"] = AutoGuesser(load_curve(self.target, draft), DraftGuesser(draft) if draft else None)
+        self.guessers["auto"] = AutoGuesser(load_curve(self.target, draft), DraftGuesser(draft) if draft else None,
+                                            piece=self.target.piece)
         self.engine = Engine(self.target)
         self.prompter = ChatPrompter(self.target)
         self.name = f"{self.target.name}" + (f" + {draft.name}" if draft is not None else "")

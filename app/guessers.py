@@ -12,7 +12,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from app.controller import Acceptance, CostCurve, best_k, keep_drafting
+from app.controller import Acceptance, CostCurve, MatchAcceptance, best_k, best_length, keep_drafting
 from app.llm import Model
 from app.sampling import SamplingConfig, logits_to_probs, sample
 
@@ -88,35 +88,35 @@ def lookup(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
 
 def lookup_match(context: Sequence[int], k: int, max_ngram: int = 3) -> tuple[list[int], int]:
     """The proposal and the length of the n-gram that matched (0: no match)."""
-    start, ng, _ = _match(context, max_ngram) if k > 0 else (0, 0, False)
-    return ([int(t) for t in context[start:start + k]], ng) if ng else ([], 0)
+    if k <= 0 or max_ngram <= 0:
+        return [], 0
+    ends, lengths = matches(context, max_ngram)
+    if not len(ends):
+        return [], 0
+    best = len(ends) - 1 - int(lengths[::-1].argmax())  # the longest match, latest among equals
+    start = int(ends[best])
+    return [int(t) for t in context[start:start + k]], int(lengths[best])
 
 
-def _match(context: Sequence[int], max_ngram: int, cursor: int | None = None,
-           window: int = 8) -> tuple[int, int, bool]:
-    """Where to copy from: the continuation of the longest n-gram that ends the context and
-    occurred before (its most recent occurrence), and n (0: no match). Given a `cursor` (where
-    the answer was last copying from), an occurrence whose continuation lies within `window`
-    tokens after it wins over any other: in a passage that the answer copies with edits, the
-    text after the edit is there, not at the latest " the" or "    return". The flag says so."""
+def matches(context: Sequence[int], cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every earlier occurrence of the context's last token, as (ends, lengths): copying from
+    context[ends[i]] would continue the context, whose last lengths[i] tokens (at most cap)
+    equal those before ends[i]. Vectorized over occurrences, so a long context costs little."""
     seq = np.asarray(context, dtype=np.int64)
     n = len(seq)
-    fallback = (0, 0, False)
-    for ng in range(min(max_ngram, n - 1), 0, -1):
-        # Start positions j < n - ng whose ng tokens equal the last ng tokens (vectorized).
-        match = np.ones(n - ng, dtype=bool)
-        for t in range(ng):
-            match &= seq[t:n - ng + t] == seq[n - ng + t]
-        ends = np.flatnonzero(match) + ng
-        if cursor is not None:
-            near = ends[(ends >= cursor) & (ends <= cursor + window)]
-            if len(near):
-                return int(near[0]), ng, True
-        if len(ends) and not fallback[1]:
-            fallback = (int(ends[-1]), ng, False)
-            if cursor is None:
-                break
-    return fallback
+    if n < 2 or cap < 1:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    ends = np.flatnonzero(seq[:-1] == seq[-1]) + 1
+    lengths = np.ones(len(ends), dtype=np.int64)
+    alive = np.ones(len(ends), dtype=bool)
+    for t in range(1, cap):
+        before = ends - 1 - t
+        alive &= before >= 0
+        alive[alive] = seq[before[alive]] == seq[n - 1 - t]
+        if not alive.any():
+            break
+        lengths += alive
+    return ends, lengths
 
 
 class DraftGuesser:
@@ -188,7 +188,8 @@ class AutoGuesser:
     """Per step, the guess that maximizes expected tokens per second: prompt lookup when a match
     is worth it, the draft model when that pays, or nothing (a plain step).
 
-    Acceptance is estimated online, per draft and per lookup match length; costs come from the
+    Acceptance is estimated online: for the draft, one running estimate; for lookup, one per
+    match length (see MatchAcceptance), kept apart for three kinds of copy. Costs come from the
     measured curve, kept current from real steps. On a GPU, where verifying many positions costs
     about as much as one, this picks long guesses; on a small CPU, short ones or none.
     """
@@ -196,85 +197,101 @@ class AutoGuesser:
     name = "auto"
     default_k = 16
 
-    def __init__(self, curve: CostCurve, draft: DraftGuesser | None = None, max_ngram: int = 3) -> None:
-        self.curve, self.draft, self.max_ngram = curve, draft, max_ngram
-        # Lookup acceptance per (match length, whether the last lookup step was accepted in full):
-        # inside a passage the answer copies, guesses keep landing; outside, they rarely do.
-        self.lookup_acceptance = {(n, run): Acceptance(3.0, 4.0) if run else Acceptance()
-                                  for n in range(1, max_ngram + 1) for run in (False, True)}
-        self._copying = False
-        # Copying on from where the last lookup left off (see _match).
-        self.near_acceptance = Acceptance(3.0, 4.0)
-        self.substitute_acceptance = Acceptance()
-        self._cursor: int | None = None  # where in the context the answer was last copying from
-        self._start = 0  # where the last lookup proposal was copied from
-        self._substitute: int | None = None  # where copying resumes if the target replaced one token
+    def __init__(self, curve: CostCurve, draft: DraftGuesser | None = None, max_match: int = 32,
+                 window: int = 8, piece: Callable[[int], bytes] | None = None) -> None:
+        self.curve, self.draft, self.max_match, self.window = curve, draft, max_match, window
+        self.piece = piece  # a token's text, to see how much of the copied text the target replaced
+        # "far": the longest earlier match anywhere. "near": one that continues where the last
+        # guess left off, in the passage being copied (even a 1-token match there usually holds).
+        # "substitute": after the target replaced one copied token, copying on after it.
+        self.lookup_acceptance = {"far": MatchAcceptance(), "near": MatchAcceptance(floor=0.6),
+                                  "substitute": MatchAcceptance(floor=0.6)}
         self.draft_acceptance = Acceptance()
-        # The last step's source, and for lookup the estimate that its outcome updates.
-        self._last: tuple[str, Acceptance | None] = ("none", None)
+        self._cursor: int | None = None  # where in the context the answer was last copying from
+        self._replaced: int | None = None  # the copied token that the target just replaced, if any
+        # The last step's source and, for lookup, where it copied from, its kind and match length.
+        self._last: tuple[str, int, str, int] = ("none", 0, "far", 0)
         if draft is not None:
             draft.keep_going = lambda confidences: keep_drafting(confidences, self.curve)
 
     def prepare(self, context: Sequence[int]) -> None:
-        self._cursor = self._substitute = None  # a new generation: nothing is being copied yet
+        self._cursor = self._replaced = None  # a new generation: nothing is being copied yet
         if self.draft is not None:
             self.draft.prepare(context)
 
+    def _copy_source(self, context: Sequence[int]) -> tuple[int, int, str] | None:
+        """Where to copy from (start, match length, kind): the longest earlier match; among equals,
+        the one nearest after the cursor, else the latest. In a passage that the answer copies
+        with edits, the text after an edit is there, not at the latest " the" or "    return"."""
+        ends, lengths = matches(context, self.max_match)
+        source = None
+        if len(ends):
+            near = np.zeros(len(ends), dtype=bool)
+            if self._cursor is not None:
+                near = (ends >= self._cursor) & (ends <= self._cursor + self.window)
+            # The last key sorts first: length, then near, then nearest the cursor or latest.
+            best = int(np.lexsort((np.where(near, -ends, ends), near, lengths))[-1])
+            source = int(ends[best]), int(lengths[best]), "near" if near[best] else "far"
+        if self._replaced is not None and (source is None or source[2] != "near"):
+            # The last guess was rejected inside a copy and nothing near matches the target's own
+            # token: assume it replaced the copied text (a renamed identifier, a fixed word).
+            resume = self._resume_after(context, self._replaced)
+            if resume < len(context) - 1:
+                source = resume, 1, "substitute"
+        self._replaced = None
+        return source
+
+    def _resume_after(self, context: Sequence[int], replaced: int) -> int:
+        """Where copying resumes after the target wrote context[-1] instead of context[replaced]:
+        after the 1 to 3 copied tokens whose text is about as long as what the target wrote.
+        A fixed typo is often one token for two (" availble" is " avail" "ble"; " available"
+        is one token); a renamed identifier is one for one."""
+        if self.piece is None:
+            return replaced + 1
+        wrote = len(self.piece(context[-1]))
+        best, best_gap, copied = replaced + 1, None, 0
+        for end in range(replaced + 1, min(replaced + 4, len(context) - 1)):
+            copied += len(self.piece(context[end - 1]))
+            gap = abs(copied - wrote)
+            if best_gap is None or gap < best_gap:
+                best, best_gap = end, gap
+        return best
+
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
-        choice, best = ("none", 0, None), 1.0 / float(self.curve.verify(1))
-        start, ngram, near = _match(context, self.max_ngram, self._cursor)
-        # Copying on where the last guess left off, and guessing a substitution, are options of
-        # their own with their own estimates: renames are substitutions, typo fixes seldom are.
-        estimate = self.near_acceptance if near else self.lookup_acceptance.get((ngram, self._copying))
-        if self._substitute is not None and not near and self._substitute < len(context) - 1:
-            # The last guess was rejected at the cursor and nothing near matches the target's own
-            # token: assume it replaced the copied one (a renamed identifier, a fixed word).
-            start, estimate = self._substitute, self.substitute_acceptance
-        self._substitute = None
-        found = [int(t) for t in context[start:start + k]] if estimate is not None else []
-        if found:
-            n, rate = self._plan(estimate, len(found), 0.0)
-            if rate > best:
-                choice, best = ("lookup", n, estimate), rate
-        if self.draft is not None:
-            n, rate = self._plan(self.draft_acceptance, k, self.curve.draft_s)
-            if rate > best:
-                choice, best = ("draft", n, self.draft_acceptance), rate
-        source, n, chosen = choice
-        self._last = (source, chosen)
-        if source == "lookup":
-            self._start = start
-            return Proposal(found[:n], None, "lookup")
-        if source == "draft":
-            assert self.draft is not None
-            return self.draft.propose(context, n, sampling, rng)
-        return Proposal.empty()
-
-    def _plan(self, estimate: Acceptance, k_max: int, draft_s: float) -> tuple[int, float]:
-        """How many guesses to make from this source, and the rate that ranks it. The rate is
-        optimistic (so an untried source gets tried), but the length follows the estimate
-        itself: a source that is only being probed gets one guess, which costs little."""
-        n, _ = best_k(estimate.alpha, k_max, self.curve, draft_s)
-        _, rate = best_k(estimate.optimistic, k_max, self.curve, draft_s)
-        return max(n, 1), rate
+        self._last = ("none", 0, "far", 0)
+        best = 1.0 / float(self.curve.verify(1))  # a plain step
+        choice = Proposal.empty()
+        copy = self._copy_source(context) if k > 0 else None
+        if copy is not None:
+            start, m, kind = copy
+            found = [int(t) for t in context[start:start + k]]
+            n, rate = best_length(self.lookup_acceptance[kind].alphas(m, len(found)), self.curve, 0.0)
+            if n and rate > best:
+                best, choice = rate, Proposal(found[:n], None, "lookup")
+                self._last = ("lookup", start, kind, m)
+        if self.draft is not None and k > 0:
+            n, rate = best_k(self.draft_acceptance.alpha, k, self.curve, self.curve.draft_s)
+            if n and rate > best:
+                self._last = ("draft", 0, "far", 0)
+                return self.draft.propose(context, n, sampling, rng)
+        return choice
 
     def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        source, estimate = self._last
+        source, start, kind, m = self._last
         self.curve.observe_verify(drafted + 1, verify_s)
-        self._copying = source == "lookup" and accepted == drafted
         if source == "lookup":
+            self.lookup_acceptance[kind].observe(m, drafted, accepted)
             # Only a guess that landed at least once shows where the answer copies from: a first-token
             # miss may just be the wrong occurrence, and following it would drift off the passage.
             if accepted:
-                self._cursor = self._start + accepted
-            self._substitute = self._cursor + 1 if 0 < accepted < drafted else None
+                self._cursor = start + accepted
+            self._replaced = self._cursor if 0 < accepted < drafted else None
         if source == "draft":
             self.curve.observe_draft(drafted, draft_s)
-        if estimate is not None:
-            estimate.observe(accepted, accepted < drafted)
+            self.draft_acceptance.observe(accepted, accepted < drafted)
         # An option never chosen is never measured again: estimates that ruled a guesser out
-        # drift back towards the prior, so that it is retried now and then.
-        for estimate in [self.draft_acceptance, self.near_acceptance, self.substitute_acceptance,
-                         *self.lookup_acceptance.values()]:
+        # drift back towards their priors, so that it is retried now and then.
+        self.draft_acceptance.relax()
+        for estimate in self.lookup_acceptance.values():
             estimate.relax()

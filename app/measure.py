@@ -9,17 +9,19 @@ on the same text to count tokens per step.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import sys
 from collections import defaultdict
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from app.chat import ChatPrompter, Message
 from app.controller import CostCurve
 from app.engine import Engine, GenerationConfig, final
-from app.guessers import lookup
+from app.controller import MATCH_BUCKETS
+from app.guessers import lookup, lookup_match
 from app.llm import Model, check_compatible
 from app.runtime import ModelChoice, load_target, model_paths
 from app.sampling import SamplingConfig
@@ -81,6 +83,17 @@ def lookup_2gram_hits(seq: Sequence[int], start: int) -> int:
     return hits
 
 
+def lookup_hits_by_match(seq: Sequence[int], start: int, cap: int = 32) -> list[tuple[int, bool]]:
+    """For each position of seq[start:]: the length of the longest earlier match of the text before
+    it, and whether its latest occurrence guesses the token (positions without a match are left out)."""
+    out = []
+    for i in range(start, len(seq)):
+        guess, m = lookup_match(seq[:i], 1, cap)
+        if m:
+            out.append((m, guess[0] == seq[i]))
+    return out
+
+
 def position_probs(model: Model, prompt: Sequence[int], answer: Sequence[int]) -> np.ndarray:
     """The model's T=1 distribution at each answer position, (len(answer), V)."""
     session = model.session
@@ -123,13 +136,17 @@ def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
             per_prompt[task].append(sum(match) / len(match))
             seq = prompt + answer
             s["lookup_2gram"] += lookup_2gram_hits(seq, len(prompt))
+            for m, hit in lookup_hits_by_match(seq, len(prompt)):
+                bucket = _match_bucket(m)
+                s[f"hit_{bucket}"] += hit
+                s[f"tried_{bucket}"] += 1
             for k in (4, 8):
                 toks, steps = replay_greedy(match, k)
                 s[f"steps_k{k}"] += steps
             toks, steps = replay_lookup(seq, len(prompt))
             s["lookup_steps"] += steps
         print(f"  {task}: prompt {n + 1} done ({int(s['n_greedy'])} greedy tokens so far)", file=sys.stderr)
-    report = {}
+    report: dict[str, dict[str, Any]] = {}
     for task, s in sums.items():
         n = s["n_greedy"]
         agree = s["greedy_agree"] / n
@@ -146,6 +163,8 @@ def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
             "tokens_per_step_k8": n / s["steps_k8"],
             "formula_k8": tokens_per_step_formula(agree, 8),
             "lookup_tokens_per_step": n / s["lookup_steps"],
+            "lookup_hit_by_match": {label: s[f"hit_{label}"] / s[f"tried_{label}"]
+                                    for label in _MATCH_LABELS if s[f"tried_{label}"]},
         }
     _print_measure(report, target.name, draft.name)
     if args.json:
@@ -153,7 +172,16 @@ def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
     return 0
 
 
-def _print_measure(report: dict[str, dict[str, float]], target: str, draft: str) -> None:
+_MATCH_LABELS = [f"{lo}-{hi}" if hi > lo else f"{lo}" for lo, hi in
+                 zip((1, *(b + 1 for b in MATCH_BUCKETS)), (*MATCH_BUCKETS, 32))]
+
+
+def _match_bucket(m: int) -> str:
+    """The label of the MATCH_BUCKETS bucket (as AutoGuesser's estimates use them) that m falls in."""
+    return _MATCH_LABELS[bisect.bisect_left(MATCH_BUCKETS, m)]
+
+
+def _print_measure(report: dict[str, dict[str, Any]], target: str, draft: str) -> None:
     print(f"target {target}, draft {draft}")
     cols = ["n_tokens", "greedy_agree", "greedy_agree_min", "greedy_agree_max", "smin_greedy", "smin_sampled", "lookup_2gram", "tokens_per_step_k4",
             "formula_k4", "tokens_per_step_k8", "formula_k8", "lookup_tokens_per_step"]
@@ -162,3 +190,8 @@ def _print_measure(report: dict[str, dict[str, float]], target: str, draft: str)
     for task, row in report.items():
         print(f"{task:10}" + "".join(f"{row[c]:>{w}.3f}" if isinstance(row[c], float) else f"{row[c]:>{w}}"
                                      for c, w in zip(cols, widths)))
+    print("lookup hit rate by match length (the longest earlier match, cap 32, its latest occurrence)")
+    print(f"{'task':10}" + "".join(f"{label:>8}" for label in _MATCH_LABELS))
+    for task, row in report.items():
+        hits = row["lookup_hit_by_match"]
+        print(f"{task:10}" + "".join(f"{hits[label]:>8.2f}" if label in hits else f"{'-':>8}" for label in _MATCH_LABELS))

@@ -52,7 +52,7 @@ def make_guesser(name: str, target: Model, draft_path: Path | None, choice: Mode
         from app.cost import load_curve
 
         draft = _load_draft(target, draft_path, choice) if draft_path is not None else None
-        return AutoGuesser(load_curve(target, draft.model if draft else None), draft)
+        return AutoGuesser(load_curve(target, draft.model if draft else None), draft, piece=target.piece)
     if name == "draft":
         if draft_path is None:
             raise SpecchatError("the draft guesser needs a draft model: pass --draft PATH or use a --pair")

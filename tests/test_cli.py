@@ -99,3 +99,17 @@ def test_costs_prints_the_measured_curve(smol_path, tmp_path):
     assert any(line.strip().startswith("n= 5") for line in lines)
     assert "per token" in lines[-1]
     assert (tmp_path / "specchat" / "costs.json").exists()
+
+
+@pytest.mark.real
+def test_measure_reports_lookup_hits_by_match_length(smol_path, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"task": "rewrite", "prompt": "Repeat exactly: the cat sat on the mat, the cat sat on the mat."}\n')
+    result = specchat("measure", "--target", str(smol_path), "--draft", str(smol_path), "--prompts", str(prompts),
+                      "--max-tokens", "24", env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = lines.index("lookup hit rate by match length (the longest earlier match, cap 32, its latest occurrence)")
+    assert lines[header + 1].split() == ["task", "1", "2", "3", "4-5", "6-8", "9-12", "13-20", "21-32"]
+    rates = [float(x) for x in lines[header + 2].split()[1:] if x != "-"]
+    assert lines[header + 2].startswith("rewrite") and rates and all(0 <= r <= 1 for r in rates)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.controller import Acceptance, CostCurve, best_k, expected_tokens, keep_drafting
-from app.guessers import AutoGuesser, _match
+from app.controller import Acceptance, CostCurve, MatchAcceptance, best_k, best_length, expected_tokens, keep_drafting
+from app.guessers import AutoGuesser
+from app.measure import lookup_hits_by_match
 from app.sampling import SamplingConfig
 
 # Shapes measured on this project's machines: a 2-core CPU, where verifying 5 positions costs
@@ -54,13 +55,37 @@ def test_acceptance_estimate_learns_and_relaxes():
     for _ in range(50):
         est.observe(4, False)
     assert est.alpha > 0.95
-    low = Acceptance()
+    low = Acceptance(3.0, 4.0)
     for _ in range(50):
         low.observe(0, True)
-    before = low.optimistic
-    for _ in range(200):
+    before = low.alpha
+    for _ in range(500):
         low.relax()
-    assert low.optimistic > before
+    assert before < 0.1 and low.alpha == pytest.approx(0.75, abs=0.05)  # back near its own prior
+
+
+def test_longer_matches_earn_longer_proposals_on_the_cpu():
+    est = MatchAcceptance()
+    assert best_length(est.alphas(1, 16), CPU, 0.0)[0] == 0  # a 1-token match elsewhere: not worth it
+    assert best_length(est.alphas(8, 16), CPU, 0.0)[0] >= 2
+    # Each guess is judged by the match it would extend, so acceptance grows along a proposal.
+    assert list(est.alphas(1, 4)) == sorted(est.alphas(1, 4)) and est.alphas(1, 4)[0] < est.alphas(1, 4)[3]
+
+
+def test_match_acceptance_learns_per_match_length():
+    est = MatchAcceptance()
+    long_before = est.alphas(10, 1)[0]
+    for _ in range(30):
+        est.observe(1, drafted=1, accepted=0)  # 1-token matches keep missing
+    assert est.alphas(1, 1)[0] < 0.05 and est.alphas(10, 1)[0] == long_before
+    for _ in range(30):
+        est.observe(2, drafted=8, accepted=8)  # a copy that held from a 2-token match on
+    assert est.alphas(2, 1)[0] > 0.9 and est.alphas(9, 1)[0] > 0.9
+
+
+def test_best_length_with_a_constant_acceptance_is_best_k():
+    for alpha in (0.3, 0.7, 0.95):
+        assert best_length(np.full(16, alpha), GPU, 0.001) == best_k(alpha, 16, GPU, 0.001)
 
 
 def test_auto_uses_lookup_when_copying_and_plain_when_nothing_matches():
@@ -87,10 +112,15 @@ def test_auto_learns_to_stop_guessing_what_is_always_rejected():
     assert 0 < tried < 10
 
 
-def test_lookup_prefers_the_passage_being_copied_over_the_latest_occurrence():
+def test_auto_prefers_the_passage_being_copied_over_the_latest_occurrence():
+    auto = AutoGuesser(CostCurve(list(GPU.verify_s), GPU.draft_s))
     context = [1, 2, 3, 7, 7, 1, 2, 4, 8, 1, 2]
-    assert _match(context, 3) == (7, 2, False)  # the latest "1 2" continues with 4
-    assert _match(context, 3, cursor=2) == (2, 2, True)  # the copy was at the first: it continues with 3
+    assert auto._copy_source(context) == (7, 2, "far")  # the latest "1 2" continues with 4
+    auto._cursor = 2  # the answer was copying from the first "1 2": it continues with 3
+    assert auto._copy_source(context) == (2, 2, "near")
+    # A longer match elsewhere wins over a shorter one near the cursor.
+    auto._cursor = 8
+    assert auto._copy_source([5, 6, 1, 2, 3, 7, 7, 1, 2, 4, 8, 5, 6, 1, 2]) == (4, 4, "far")
 
 
 def test_auto_guesses_a_substitution_after_an_edit_inside_a_copy():
@@ -109,3 +139,24 @@ def test_auto_guesses_a_substitution_after_an_edit_inside_a_copy():
     auto.propose(answer, 8, greedy, rng)
     auto.observe(len(first.tokens), 0, 0.0, 0.01)
     assert auto.propose(answer + [77], 8, greedy, rng).source == "none"
+
+
+def test_lookup_hits_by_match_length():
+    # After "1 2 3 4", the answer "1 2 3 5": a 1-, 2- and 3-token match, the last one guessing wrong.
+    assert lookup_hits_by_match([1, 2, 3, 4, 1, 2, 3, 5], 4) == [(1, True), (2, True), (3, False)]
+
+
+def test_auto_resumes_after_the_text_a_fixed_typo_replaced():
+    pieces = {10: b" The", 11: b" app", 12: b" is", 13: b" avail", 14: b"ble", 15: b" for", 16: b" download",
+              17: b" available", 99: b"\n"}
+    auto = AutoGuesser(CostCurve(list(GPU.verify_s), GPU.draft_s), piece=pieces.__getitem__)
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    passage = [10, 11, 12, 13, 14, 15, 16]
+    answer = passage + [99, 10, 11]
+    auto.prepare(answer)
+    first = auto.propose(answer, 8, greedy, rng)
+    assert first.tokens[:3] == [12, 13, 14]
+    auto.observe(len(first.tokens), 1, 0.0, 0.01)  # " is" accepted; the target wrote " available"
+    resumed = auto.propose(answer + [12, 17], 8, greedy, rng)
+    # " available" stands for " avail" "ble": copying resumes at " for", not at "ble".
+    assert resumed.source == "lookup" and resumed.tokens[:2] == [15, 16]

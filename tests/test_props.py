@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from app.catalog import load_catalog
 from app.errors import SpecchatError
 from app.fetch import models_dir
-from app.guessers import LookupGuesser, lookup, lookup_match
+from app.guessers import LookupGuesser, lookup, lookup_match, matches
 from app.runtime import GUESSERS
 from app.sampling import SamplingConfig, logits_to_probs, sample
 from app.settings import Settings, load_settings
@@ -74,6 +74,20 @@ def test_lookup_proposes_what_followed_the_latest_longest_match(context, k, max_
         if ngram:
             j = earlier(ngram)[0] + ngram  # the most recent occurrence, and what followed it
             assert found == context[j:j + k]
+    tally("bad input: lookup + verifier", inputs=1)
+
+
+@PROPS
+@given(context=contexts, cap=st.integers(0, 6))
+def test_matches_lists_every_earlier_occurrence_with_its_match_length(context, cap):
+    ends, lengths = matches(context, cap)
+    n = len(context)
+    expected = [e for e in range(1, n) if cap >= 1 and context[e - 1] == context[-1]]
+    assert ends.tolist() == expected
+    for e, m in zip(ends.tolist(), lengths.tolist()):
+        # The last m tokens equal the m before e, and one more (within cap) would not.
+        assert 1 <= m <= cap and context[e - m:e] == context[n - m:]
+        assert m == cap or m == e or context[e - m - 1] != context[n - m - 1]
     tally("bad input: lookup + verifier", inputs=1)
 
 
