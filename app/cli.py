@@ -72,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     m.set_defaults(run=_measure)
 
     co = sub.add_parser("costs", help="this machine's decode cost curve for a pair (measured once, cached)")
+    co.add_argument("--remeasure", action="store_true", help="measure again and replace the cached curve")
     _model_args(co, guesser=False)
     co.set_defaults(run=_costs)
 
@@ -223,7 +224,7 @@ def _costs(args: argparse.Namespace) -> int:
     draft = Model(draft_path, n_ctx=choice.n_ctx, n_threads=choice.threads) if draft_path else None
     if draft is not None:
         check_compatible(target, draft)
-    curve = load_curve(target, draft)
+    curve = load_curve(target, draft, fresh=args.remeasure)
     one = curve.verify_s[0]
     print(f"{target.name}, {target.n_threads} threads: verifying n positions, in ms and in single steps")
     for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32):

@@ -98,7 +98,13 @@ def test_costs_prints_the_measured_curve(smol_path, tmp_path):
     lines = result.stdout.splitlines()
     assert any(line.strip().startswith("n= 5") for line in lines)
     assert "per token" in lines[-1]
-    assert (tmp_path / "specchat" / "costs.json").exists()
+    cache = tmp_path / "specchat" / "costs.json"
+    measured = cache.read_text()
+    again = specchat("costs", "--target", str(smol_path), "--draft", str(smol_path), env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert again.stdout == result.stdout and cache.read_text() == measured  # cached: not measured again
+    fresh = specchat("costs", "--remeasure", "--target", str(smol_path), "--draft", str(smol_path),
+                     env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert fresh.returncode == 0 and cache.read_text() != measured  # timings never repeat to the last digit
 
 
 @pytest.mark.real
