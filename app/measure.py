@@ -18,10 +18,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from app.chat import ChatPrompter, Message
-from app.controller import CostCurve
+from app.controller import MATCH_BUCKETS, CostCurve
 from app.engine import Engine, GenerationConfig, final
-from app.controller import MATCH_BUCKETS
-from app.guessers import lookup, lookup_match
+from app.guessers import Guesser, lookup, lookup_match
 from app.llm import Model, check_compatible
 from app.runtime import ModelChoice, load_target, model_paths
 from app.sampling import SamplingConfig
@@ -46,15 +45,20 @@ def replay_greedy(match: Sequence[bool], k: int) -> tuple[int, int]:
     return n, steps
 
 
+def _accepted(guesses: Sequence[int], seq: Sequence[int], i: int) -> int:
+    """How many of the guesses for seq[i:] greedy verification accepts: the answer is fixed, so
+    their fate can be read off the text."""
+    r = 0
+    while r < len(guesses) and i + r < len(seq) and guesses[r] == seq[i + r]:
+        r += 1
+    return r
+
+
 def replay_lookup(seq: Sequence[int], start: int, max_ngram: int = 3, num: int = 10) -> tuple[int, int]:
     """(tokens, steps) of prompt lookup as deployed, replayed over seq[start:]."""
     i, steps = start, 0
     while i < len(seq):
-        prop = lookup(seq[:i], num, max_ngram)
-        r = 0
-        while r < len(prop) and i + r < len(seq) and prop[r] == seq[i + r]:
-            r += 1
-        i += r + 1
+        i += _accepted(lookup(seq[:i], num, max_ngram), seq, i) + 1
         steps += 1
     return len(seq) - start, steps
 
@@ -64,11 +68,25 @@ def oracle_lookup_seconds(seq: Sequence[int], start: int, curve: CostCurve, max_
     lookup's guesses the target will accept, and drafts exactly those (none if none)."""
     i, seconds = start, 0.0
     while i < len(seq):
-        prop = lookup(seq[:i], 64, max_ngram)
-        r = 0
-        while r < len(prop) and i + r < len(seq) and prop[r] == seq[i + r]:
-            r += 1
+        r = _accepted(lookup(seq[:i], 64, max_ngram), seq, i)
         seconds += float(curve.verify(r + 1))
+        i += r + 1
+    return seconds
+
+
+def modelled_seconds(seq: Sequence[int], start: int, guesser: Guesser, curve: CostCurve) -> float:
+    """Decode time of seq[start:] under the guesser's own choices (greedy), if every step cost
+    what the curve says: the controller's decisions judged without timing noise, on the same
+    text and curve as the oracle bound. The guesser learns as it would live."""
+    rng, greedy = np.random.default_rng(0), SamplingConfig()
+    guesser.prepare(seq[:start])
+    i, seconds = start, 0.0
+    while i < len(seq):
+        guess = guesser.propose(seq[:i], min(guesser.default_k, len(seq) - i - 1), greedy, rng)
+        r = _accepted(guess.tokens, seq, i)
+        step = float(curve.verify(len(guess.tokens) + 1))
+        guesser.observe(len(guess.tokens), r, 0.0, step)
+        seconds += step
         i += r + 1
     return seconds
 

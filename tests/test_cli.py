@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -119,3 +120,19 @@ def test_measure_reports_lookup_hits_by_match_length(smol_path, tmp_path):
     assert lines[header + 1].split() == ["task", "1", "2", "3", "4-5", "6-8", "9-12", "13-20", "21-32"]
     rates = [float(x) for x in lines[header + 2].split()[1:] if x != "-"]
     assert lines[header + 2].startswith("rewrite") and rates and all(0 <= r <= 1 for r in rates)
+
+
+@pytest.mark.real
+def test_bench_prints_plain_auto_the_oracle_bound_and_the_modelled_auto(smol_path, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"task": "rewrite", "prompt": "Repeat exactly: the cat sat on the mat, the cat sat on the mat."}\n')
+    report = tmp_path / "bench.json"
+    result = specchat("bench", "--target", str(smol_path), "--draft", str(smol_path), "--prompts", str(prompts),
+                      "--guesser", "auto", "--repeat", "1", "--max-tokens", "24", "--json", str(report),
+                      env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(report.read_text())["rewrite"]
+    assert set(rows) == {"plain", "auto", "oracle", "modelled"}
+    assert rows["plain"]["speedup_vs_plain"] == 1.0 and rows["auto"]["tokens_per_s"] > 0
+    assert rows["oracle"]["speedup_vs_plain"] >= 1.0 and 0 < rows["modelled"]["share_of_oracle"]
+    assert "auto modelled" in result.stdout and "oracle bound" in result.stdout

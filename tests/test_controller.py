@@ -7,7 +7,7 @@ import pytest
 
 from app.controller import Acceptance, CostCurve, MatchAcceptance, best_k, best_length, expected_tokens, keep_drafting
 from app.guessers import AutoGuesser
-from app.measure import lookup_hits_by_match
+from app.measure import lookup_hits_by_match, modelled_seconds, oracle_lookup_seconds
 from app.sampling import SamplingConfig
 
 # Shapes measured on this project's machines: a 2-core CPU, where verifying 5 positions costs
@@ -160,3 +160,15 @@ def test_auto_resumes_after_the_text_a_fixed_typo_replaced():
     resumed = auto.propose(answer + [12, 17], 8, greedy, rng)
     # " available" stands for " avail" "ble": copying resumes at " for", not at "ble".
     assert resumed.source == "lookup" and resumed.tokens[:2] == [15, 16]
+
+
+def test_modelled_time_of_auto_on_a_fixed_text():
+    curve = CostCurve(list(GPU.verify_s), GPU.draft_s)
+    prompt = list(range(1, 21))
+    plain = 20 * float(curve.verify(1))
+    # An answer that copies the prompt: auto's guesses land, and the modelled time falls well below plain.
+    copied = modelled_seconds(prompt + prompt, 20, AutoGuesser(CostCurve(list(curve.verify_s))), curve)
+    assert copied < plain / 2 and copied >= oracle_lookup_seconds(prompt + prompt, 20, curve) - 1e-9
+    # An answer with nothing to copy: every step is a plain one.
+    fresh = modelled_seconds(prompt + list(range(21, 41)), 20, AutoGuesser(CostCurve(list(curve.verify_s))), curve)
+    assert fresh == pytest.approx(plain)
