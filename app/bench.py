@@ -110,7 +110,7 @@ def _print_bench(report: dict[str, dict[str, dict[str, float]]], target: str, re
                 print(f"{task:10}{'oracle bound (lookup, from the cost curve)':57}{r['speedup_vs_plain']:>8.2f}x")
                 continue
             if name == "modelled":
-                label = f"auto modelled (lookup, from the cost curve; {r['share_of_oracle']:.0%} of the bound)"
+                label = f"auto modelled (same text and curve: {r['share_of_oracle']:.0%} of the bound)"
                 print(f"{task:10}{label:57}{r['speedup_vs_plain']:>8.2f}x")
                 continue
             print(f"{task:10}{name:9}{r['k']:>4}{r['acceptance']:>12.3f}{r['alpha']:>7.3f}{r['tokens_per_step']:>10.2f}"
