@@ -102,7 +102,7 @@ class Acceptance:
 
 
 # A copied guess lands more often the longer the match behind it. Hit rates of the longest
-# earlier match on the bench answers (`specchat measure`, "lookup hits by match length"):
+# earlier match on the bench answers (`specchat measure`, "lookup hit rate by match length"):
 # about 0.25 at 1 token, 0.6 at 2, 0.75 at 3, 0.85-0.95 beyond. They are the priors below.
 MATCH_BUCKETS = (1, 2, 3, 5, 8, 12, 20)  # upper ends; longer matches share one more bucket
 MATCH_PRIOR = (0.25, 0.6, 0.75, 0.85, 0.85, 0.85, 0.85, 0.85)
@@ -134,6 +134,6 @@ class MatchAcceptance:
         if accepted < drafted:
             self._bucket(m + accepted).observe(0, True)
 
-    def relax(self, weight: float = 0.01) -> None:
+    def relax(self) -> None:
         for estimate in self.buckets:
-            estimate.relax(weight)
+            estimate.relax()

@@ -203,7 +203,7 @@ class AutoGuesser:
         self.piece = piece  # a token's text, to see how much of the copied text the target replaced
         # "far": the longest earlier match anywhere. "near": one that continues where the last
         # guess left off, in the passage being copied (even a 1-token match there usually holds).
-        # "substitute": after the target replaced one copied token, copying on after it.
+        # "substitute": after the target replaced some copied text, copying on after that text.
         self.lookup_acceptance = {"far": MatchAcceptance(), "near": MatchAcceptance(floor=0.6),
                                   "substitute": MatchAcceptance(floor=0.6)}
         self.draft_acceptance = Acceptance()
