@@ -16,7 +16,6 @@ from collections import defaultdict
 from app.chat import ChatPrompter, Message
 from app.engine import Engine, GenerationConfig, Stats, final
 from app.errors import SpecchatError
-from app.controller import CostCurve
 from app.cost import load_curve
 from app.guessers import AutoGuesser, Guesser, NoGuesser
 from app.measure import modelled_seconds, oracle_lookup_seconds, tokens_per_step_formula
@@ -40,10 +39,10 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     draft = auto.draft.model if isinstance(auto, AutoGuesser) and auto.draft is not None else None
     curve = load_curve(target, draft, fresh=True)
     if isinstance(auto, AutoGuesser):
-        auto.curve = CostCurve(list(curve.verify_s), curve.draft_s)
+        auto.curve = curve.copy()
     # The same controller (lookup only), replayed on plain's text at the curve's costs: its choices
     # judged without timing noise, next to the oracle bound that uses that text and curve too.
-    modelled = AutoGuesser(CostCurve(list(curve.verify_s), curve.draft_s), piece=target.piece)
+    modelled = AutoGuesser(curve.copy(), piece=target.piece)
     oracle: dict[str, list[tuple[float, float, float]]] = defaultdict(list)  # task -> plain, oracle, auto s
     # runs[task][guesser][repeat] -> list of Stats over that task's prompts
     runs: dict[str, dict[str, list[list[Stats]]]] = defaultdict(

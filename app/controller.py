@@ -39,6 +39,10 @@ class CostCurve:
         inside = table[np.clip(n, 1, last) - 1]
         return np.where(n <= last, inside, table[-1] + (n - last) * slope)
 
+    def copy(self) -> "CostCurve":
+        """An independent copy, for a user that adjusts it from its own steps."""
+        return CostCurve(list(self.verify_s), self.draft_s, self.smoothing)
+
     def observe_verify(self, n: int, seconds: float) -> None:
         if 1 <= n <= len(self.verify_s) and seconds > 0:
             self.verify_s[n - 1] += self.smoothing * (seconds - self.verify_s[n - 1])
@@ -109,6 +113,11 @@ MATCH_PRIOR = (0.25, 0.6, 0.75, 0.85, 0.85, 0.85, 0.85, 0.85)
 PRIOR_WEIGHT = 4.0
 
 
+def match_bucket(m: int) -> int:
+    """The index of the MATCH_BUCKETS bucket that a match of m tokens falls in."""
+    return bisect.bisect_left(MATCH_BUCKETS, m)
+
+
 class MatchAcceptance:
     """Per-position acceptance of copied guesses, by the length of the match behind each one.
 
@@ -122,7 +131,7 @@ class MatchAcceptance:
         self.buckets = [Acceptance(PRIOR_WEIGHT * max(a, floor), PRIOR_WEIGHT) for a in MATCH_PRIOR]
 
     def _bucket(self, m: int) -> Acceptance:
-        return self.buckets[bisect.bisect_left(MATCH_BUCKETS, m)]
+        return self.buckets[match_bucket(m)]
 
     def alphas(self, m: int, k: int) -> np.ndarray:
         """Acceptance of guesses 1..k copied after an m-token match (the j-th follows m + j - 1)."""

@@ -9,7 +9,6 @@ on the same text to count tokens per step.
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import sys
 from collections import defaultdict
@@ -18,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from app.chat import ChatPrompter, Message
-from app.controller import MATCH_BUCKETS, CostCurve
+from app.controller import MATCH_BUCKETS, CostCurve, expected_tokens, match_bucket
 from app.engine import Engine, GenerationConfig, final
 from app.guessers import Guesser, lookup, lookup_match
 from app.llm import Model, check_compatible
@@ -30,7 +29,7 @@ from app.errors import SpecchatError
 
 def tokens_per_step_formula(alpha: float, k: int) -> float:
     """Expected tokens per target step with k drafts accepted i.i.d. with probability alpha."""
-    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return float(expected_tokens(alpha, k))
 
 
 def replay_greedy(match: Sequence[bool], k: int) -> tuple[int, int]:
@@ -195,8 +194,8 @@ _MATCH_LABELS = [f"{lo}-{hi}" if hi > lo else f"{lo}" for lo, hi in
 
 
 def _match_bucket(m: int) -> str:
-    """The label of the MATCH_BUCKETS bucket (as AutoGuesser's estimates use them) that m falls in."""
-    return _MATCH_LABELS[bisect.bisect_left(MATCH_BUCKETS, m)]
+    """The label of the bucket (as AutoGuesser's estimates use them) that m falls in."""
+    return _MATCH_LABELS[match_bucket(m)]
 
 
 def _print_measure(report: dict[str, dict[str, Any]], target: str, draft: str) -> None:
