@@ -11,14 +11,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence, Union
 
-from app.chat import ChatPrompter, Message
-from app.engine import Done, Engine, Event, GenerationConfig, final
-from app.cost import load_curve
-from app.fetch import Progress
-from app.files import cache_file, read_cache, update_cache
-from app.guessers import AutoGuesser, DraftGuesser, Guesser, LookupGuesser, NoGuesser
-from app.llm import Model, check_compatible
-from app.runtime import ModelChoice, model_paths
+from specchat.llama.template import ChatPrompter, Message
+from specchat.loader import LoadedPair, ModelChoice, load_pair
+from specchat.models.fetch import Progress
+from specchat.spec.engine import Done, Engine, Event, GenerationConfig, final
+from specchat.spec.guessers import NoGuesser
+from specchat.store.files import cache_file, read_cache, update_cache
 
 
 @dataclass(frozen=True)
@@ -50,38 +48,40 @@ class Backend(Protocol):
 
     def count_tokens(self, text: str) -> int: ...
 
+    def close(self) -> None:
+        """Free the models, once any running generation has ended."""
+
 
 class EngineBackend:
-    """The real thing: a target, an optional draft, and the three guessers over them."""
+    """The real thing: a loaded pair, and the guessers over it."""
 
     def __init__(self, choice: ModelChoice) -> None:
         self.choice = choice
         self.name = "loading…"
         self.has_draft = False
         self._baseline: Baseline | None = None
+        self._pair: LoadedPair | None = None
+        # Held for the whole of a generation: close() waits for it, so models are never freed
+        # under a running generation and two generations never share the engine.
+        self._busy = threading.Lock()
 
     def load(self, progress: Progress) -> None:
-        target_path, draft_path = model_paths(self.choice, progress=progress)
-        progress("loading target", 0, 1)
-        self.target = Model(target_path, n_ctx=self.choice.n_ctx, n_threads=self.choice.threads)
-        self.guessers: dict[str, Guesser] = {"none": NoGuesser(), "lookup": LookupGuesser()}
-        draft = None
-        if draft_path is not None:
-            progress("loading draft", 0, 1)
-            draft = Model(draft_path, n_ctx=self.choice.n_ctx, n_threads=self.choice.threads)
-            check_compatible(self.target, draft)
-            self.guessers["draft"] = DraftGuesser(draft)
-            self.has_draft = True
+        progress("loading models", 0, 1)
+        pair = self._pair = load_pair(self.choice, progress)
+        self.target, self.has_draft, self.name = pair.target, pair.draft is not None, pair.name
         progress("measuring this machine's decode costs (first run only)", 0, 1)
-        # Its own DraftGuesser (same model): auto sets an early stop that plain `draft` must not get.
-        self.guessers["auto"] = AutoGuesser(load_curve(self.target, draft), DraftGuesser(draft) if draft else None,
-                                            piece=self.target.piece)
+        self.guessers = {name: pair.guesser(name) for name in pair.guesser_names()}
         self.engine = Engine(self.target)
         self.prompter = ChatPrompter(self.target)
-        self.name = f"{self.target.name}" + (f" + {draft.name}" if draft is not None else "")
         progress("measuring plain decoding", 0, 1)
         self._baseline = self._measure_baseline()
         progress("ready", 1, 1)
+
+    def close(self) -> None:
+        with self._busy:
+            if self._pair is not None:
+                self._pair.close()
+                self._pair = None
 
     def baseline(self) -> Baseline | None:
         return self._baseline
@@ -103,11 +103,12 @@ class EngineBackend:
         if dropped:
             yield Notice(f"the conversation is longer than the {self.target.n_ctx}-token context: "
                          f"the oldest {dropped} message(s) were left out of this answer")
-        self.engine.guesser = self.guessers.get(guesser, self.guessers["auto"])
-        for event in self.engine.generate(prompt, config, cancel):
-            if isinstance(event, Done):
-                self.prompter.remember(event.token_ids)
-            yield event
+        with self._busy:
+            self.engine.guesser = self.guessers.get(guesser, self.guessers["auto"])
+            for event in self.engine.generate(prompt, config, cancel):
+                if isinstance(event, Done):
+                    self.prompter.remember(event.token_ids)
+                yield event
 
     def _measure_baseline(self) -> Baseline:
         """Plain decoding speed of this target on this machine, timed once and cached."""

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from app.errors import SpecchatError
-from app.runtime import GUESSERS, ModelChoice
+from specchat.errors import SpecchatError
+from specchat.loader import ModelChoice
+from specchat.spec.guessers import GUESSERS
 
 COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "costs", "models", "pull", "endurance")
 
@@ -103,10 +104,11 @@ def _model_args(p: argparse.ArgumentParser, guesser: bool = True, multi_guesser:
                        default=["auto", "draft", "lookup"])
     elif guesser:
         p.add_argument("--guesser", choices=GUESSERS, default="auto",
-                       help="auto (default) picks lookup, the draft or nothing at each step, by cost")
+                       help="; ".join(f"{name}: {what}" for name, what in GUESSERS.items()))
     if guesser:
-        p.add_argument("--k", type=int, default=None,
-                       help="draft length (default: 4 for draft, 10 for lookup; the most auto may use: 16)")
+        p.add_argument("--draft-length", "--k", type=int, default=None, dest="draft_length",
+                       help="the most tokens a guesser proposes per step "
+                            "(default: 4 for draft, 10 for lookup; the most auto may use: 16)")
 
 
 def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 512) -> None:
@@ -125,15 +127,15 @@ def _choice(args: argparse.Namespace) -> ModelChoice:
 
 
 def _generation_config(args: argparse.Namespace):
-    from app.engine import GenerationConfig
-    from app.sampling import SamplingConfig
+    from specchat.spec.engine import GenerationConfig
+    from specchat.spec.sampling import SamplingConfig
 
     if args.max_tokens < 1:
         raise SpecchatError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    if args.k is not None and args.k < 0:
-        raise SpecchatError(f"--k must be >= 0, got {args.k}")
+    if args.draft_length is not None and args.draft_length < 0:
+        raise SpecchatError(f"--draft-length must be >= 0, got {args.draft_length}")
     sampling = SamplingConfig(args.temp, args.top_k, args.top_p, args.min_p, args.seed)
-    return GenerationConfig(sampling, args.max_tokens, args.k)
+    return GenerationConfig(sampling, args.max_tokens, args.draft_length)
 
 
 _progress_open = False  # a progress line is on stderr, still without its newline
@@ -154,8 +156,8 @@ def _end_progress_line() -> None:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from app.rewrite import read_document
-    from app.ui.app import SpecchatApp
+    from specchat.documents import read_document
+    from specchat.ui.app import SpecchatApp
 
     if args.file is not None:
         read_document(args.file)  # a missing or binary file is a one-line error, before the UI starts
@@ -164,16 +166,14 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from app.chat import ChatPrompter, Message
-    from app.engine import Done, Engine, Step
-    from app.runtime import load_target, make_guesser, model_paths
+    from specchat.llama.template import ChatPrompter, Message
+    from specchat.loader import load_pair
+    from specchat.spec.engine import Done, Engine, Step
 
     config = _generation_config(args)
-    choice = _choice(args)
-    target_path, draft_path = model_paths(choice, progress=_progress)
-    target = load_target(target_path, choice)
-    name = args.guesser
-    engine = Engine(target, make_guesser(name, target, draft_path, choice))
+    pair = load_pair(_choice(args), progress=_progress)
+    target, name = pair.target, args.guesser
+    engine = Engine(target, pair.guesser(name))
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]
     for event in engine.generate(ChatPrompter(target).tokens(messages), config):
         if isinstance(event, Step) and event.text:
@@ -193,7 +193,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _endurance(args: argparse.Namespace) -> int:
     import tempfile
 
-    from app.endurance import run
+    from specchat.tools.endurance import run
 
     with tempfile.TemporaryDirectory(prefix="specchat-endurance-") as tmp:
         report = run(_choice(args), args.workdir or Path(tmp), args.minutes, args.seed)
@@ -202,41 +202,26 @@ def _endurance(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from app.bench import run_bench
+    from specchat.tools.bench import run_bench
 
     return run_bench(args, _choice(args), _generation_config(args))
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from app.measure import run_measure
+    from specchat.tools.measure import run_measure
 
     return run_measure(args, _choice(args))
 
 
 def _costs(args: argparse.Namespace) -> int:
-    from app.cost import load_curve
-    from app.llm import Model, check_compatible
-    from app.runtime import load_target, model_paths
+    from specchat.tools.costs import run_costs
 
-    choice = _choice(args)
-    target_path, draft_path = model_paths(choice, progress=_progress)
-    target = load_target(target_path, choice)
-    draft = Model(draft_path, n_ctx=choice.n_ctx, n_threads=choice.threads) if draft_path else None
-    if draft is not None:
-        check_compatible(target, draft)
-    curve = load_curve(target, draft, fresh=args.remeasure)
-    one = curve.verify_s[0]
-    print(f"{target.name}, {target.n_threads} threads: verifying n positions, in ms and in single steps")
-    for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32):
-        print(f"  n={n:2d}  {1000 * curve.verify_s[n - 1]:7.1f} ms  {curve.verify_s[n - 1] / one:5.2f}x")
-    if draft is not None:
-        print(f"draft {draft.name}: {1000 * curve.draft_s:.1f} ms per token, {curve.draft_s / one:.2f}x a target step")
-    return 0
+    return run_costs(_choice(args), args.remeasure, _progress)
 
 
 def _models(args: argparse.Namespace) -> int:
-    from app.catalog import load_catalog
-    from app.fetch import models_dir, on_disk
+    from specchat.models.catalog import load_catalog
+    from specchat.models.fetch import models_dir, on_disk
 
     catalog = load_catalog()
     print(f"models directory: {models_dir()}")
@@ -254,8 +239,8 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from app.catalog import load_catalog
-    from app.fetch import resolve
+    from specchat.models.catalog import load_catalog
+    from specchat.models.fetch import resolve
 
     catalog = load_catalog()
     if args.name is None or args.name in catalog.pairs:

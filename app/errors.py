@@ -3,3 +3,7 @@
 
 class SpecchatError(Exception):
     """An error caused by input or environment, reported as one line without a traceback."""
+
+
+class ContextFull(SpecchatError):
+    """The conversation no longer fits in the model's context window."""

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.catalog import load_catalog
-from app.fetch import resolve
-from app.llm import Model
+from specchat.llama.model import Model
+from specchat.models.catalog import load_catalog
+from specchat.models.fetch import resolve
 
 
 def model_path(name: str) -> Path:

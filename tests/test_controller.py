@@ -5,10 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.controller import Acceptance, CostCurve, MatchAcceptance, best_k, best_length, expected_tokens, keep_drafting
-from app.guessers import AutoGuesser
-from app.measure import lookup_hits_by_match, modelled_seconds, oracle_lookup_seconds
-from app.sampling import SamplingConfig
+from specchat.spec.guessers import AutoGuesser
+from specchat.spec.policy import (
+    Acceptance,
+    CostCurve,
+    MatchAcceptance,
+    best_k,
+    best_length,
+    expected_tokens,
+    keep_drafting,
+)
+from specchat.spec.sampling import SamplingConfig
+from specchat.tools.replay import lookup_hits_by_match, modelled_seconds, oracle_lookup_seconds
 
 # Shapes measured on this project's machines: a 2-core CPU, where verifying 5 positions costs
 # about 3.6 single steps, and a GPU-like curve that is nearly flat.
@@ -93,8 +101,8 @@ def test_auto_uses_lookup_when_copying_and_plain_when_nothing_matches():
     greedy, rng = SamplingConfig(), np.random.default_rng(0)
     copy = [5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 5, 6, 7]
     proposal = auto.propose(copy, 8, greedy, rng)
-    assert proposal.source == "lookup" and proposal.tokens[:2] == [8, 9]
-    assert auto.propose([1, 2, 3, 4], 8, greedy, rng).source == "none"
+    assert proposal.guesser == "lookup" and proposal.tokens[:2] == [8, 9]
+    assert auto.propose([1, 2, 3, 4], 8, greedy, rng).guesser == "none"
 
 
 def test_auto_learns_to_stop_guessing_what_is_always_rejected():
@@ -133,12 +141,12 @@ def test_auto_guesses_a_substitution_after_an_edit_inside_a_copy():
     assert first.tokens[:3] == [12, 40, 13]
     auto.observe(len(first.tokens), 1, 0.0, 0.01)  # 12 accepted; the target said 41, not 40
     resumed = auto.propose(answer + [12, 41], 8, greedy, rng)
-    assert resumed.source == "lookup" and resumed.tokens[:3] == [13, 14, 15]  # copying on after 40
+    assert resumed.guesser == "lookup" and resumed.tokens[:3] == [13, 14, 15]  # copying on after 40
     # A miss at the very first guessed token may only mean the wrong occurrence: no substitution then.
     auto.prepare(answer)
     auto.propose(answer, 8, greedy, rng)
     auto.observe(len(first.tokens), 0, 0.0, 0.01)
-    assert auto.propose(answer + [77], 8, greedy, rng).source == "none"
+    assert auto.propose(answer + [77], 8, greedy, rng).guesser == "none"
 
 
 def test_lookup_hits_by_match_length():
@@ -159,7 +167,7 @@ def test_auto_resumes_after_the_text_a_fixed_typo_replaced():
     auto.observe(len(first.tokens), 1, 0.0, 0.01)  # " is" accepted; the target wrote " available"
     resumed = auto.propose(answer + [12, 17], 8, greedy, rng)
     # " available" stands for " avail" "ble": copying resumes at " for", not at "ble".
-    assert resumed.source == "lookup" and resumed.tokens[:2] == [15, 16]
+    assert resumed.guesser == "lookup" and resumed.tokens[:2] == [15, 16]
 
 
 def test_modelled_time_of_auto_on_a_fixed_text():

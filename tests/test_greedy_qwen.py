@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.chat import ChatPrompter, Message
-from app.engine import Done, Engine, GenerationConfig
-from app.controller import CostCurve
-from app.guessers import AutoGuesser, DraftGuesser, LookupGuesser
-from app.llm import Model, check_compatible
+from specchat.llama.model import Model, check_compatible
+from specchat.llama.template import ChatPrompter, Message
+from specchat.spec.engine import Done, Engine, GenerationConfig
+from specchat.spec.guessers import AutoGuesser, DraftGuesser, LookupGuesser
+from specchat.spec.policy import CostCurve
 
 pytestmark = pytest.mark.real
 

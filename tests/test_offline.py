@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from app.fetch import models_dir
 from reliability import tally
+
+from specchat.models.fetch import models_dir
 
 pytestmark = pytest.mark.real
 REPO = Path(__file__).resolve().parent.parent
@@ -64,10 +64,10 @@ import asyncio
 import sys
 from pathlib import Path
 
-from app.runtime import ModelChoice
-from app.store import Store
-from app.ui.app import SpecchatApp
-from app.ui.screens import ErrorScreen
+from specchat.loader import ModelChoice
+from specchat.store.conversations import Store
+from specchat.ui.app import SpecchatApp
+from specchat.ui.screens import ErrorScreen
 
 
 async def until(pilot, condition, timeout=300.0):
@@ -155,7 +155,7 @@ def ghost_catalog(tmp_path) -> Path:
     return path
 
 
-CLI = ("-m", "app.cli")
+CLI = ("-m", "specchat.cli")
 GENERATE = (*CLI, "generate", "Hi", "--pair", "smollm2-self", "--max-tokens", "8", "--guesser", "auto")
 
 
@@ -214,7 +214,7 @@ def test_app_offline_setting_refuses_to_fetch(guarded, tmp_path, ghost_catalog):
 
 def test_the_offline_setting_survives_save_and_load(tmp_path):
     """The app saves its settings as TOML: the switch must come back as it was written."""
-    from app.settings import Settings, load_settings, save_settings
+    from specchat.store.settings import Settings, load_settings, save_settings
 
     save_settings(Settings(offline=True, guesser="none"), tmp_path / "config.toml")
     assert load_settings(tmp_path / "config.toml") == (Settings(offline=True, guesser="none"), [])

@@ -18,19 +18,19 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings, strategies as st
-
-from app.catalog import load_catalog
-from app.errors import SpecchatError
-from app.fetch import models_dir
-from app.guessers import LookupGuesser, lookup, lookup_match, matches
-from app.runtime import GUESSERS
-from app.sampling import SamplingConfig, logits_to_probs, sample
-from app.settings import Settings, load_settings
-from app.textstream import TextStream
-from app.tomlpos import dotted_key, key_line
-from app.verify import verify, verify_greedy
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from reliability import tally
+
+from specchat.errors import SpecchatError
+from specchat.models.catalog import load_catalog
+from specchat.models.fetch import models_dir
+from specchat.spec.guessers import GUESSERS, LookupGuesser, lookup, lookup_match, matches
+from specchat.spec.sampling import SamplingConfig, logits_to_probs, sample
+from specchat.spec.textstream import TextStream
+from specchat.spec.verify import verify, verify_greedy
+from specchat.store.settings import Settings, load_settings
+from specchat.store.tomlpos import dotted_key, key_line
 
 # No .hypothesis/ folder in the shared working tree; no deadline, as a busy machine is not a bug.
 PROPS = settings(max_examples=250, deadline=None, database=None,
@@ -56,7 +56,7 @@ contexts = st.lists(st.integers(0, 3), max_size=40) | st.lists(st.integers(-2**4
 def test_lookup_proposes_what_followed_the_latest_longest_match(context, k, max_ngram):
     found, ngram = lookup_match(context, k, max_ngram)
     proposal = LookupGuesser(max_ngram).propose(context, k, SamplingConfig(), np.random.default_rng(0))
-    assert (proposal.tokens, proposal.probs, proposal.source) == (found, None, "lookup")
+    assert (proposal.tokens, proposal.probs, proposal.guesser) == (found, None, "lookup")
     assert lookup(context, k, max_ngram) == found
     assert all(type(t) is int for t in found)
     n = len(context)

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from app.rewrite import diff_lines, output_path, save, split_paragraphs
+from specchat.documents import diff_lines, output_path, save, split_paragraphs
 
 
 def words(text: str) -> int:

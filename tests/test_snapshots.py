@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from app.store import Store
-from app.ui.app import SpecchatApp
-from app.ui.rewrite import RewriteScreen
 from fakes import FakeBackend
 from test_ui import send, until
+
+from specchat.store.conversations import Store
+from specchat.ui.app import SpecchatApp
+from specchat.ui.rewrite import RewriteScreen
 
 ANSWER = ("Speculative decoding lets a **small draft model** guess a few tokens, and the target "
           "checks them all in one step:\n\n- accepted guesses cost almost nothing\n- the output is unchanged")
@@ -25,7 +25,7 @@ def no_models_on_disk(tmp_path, monkeypatch):
 
 
 def app_for(tmp_path: Path, **kwargs) -> SpecchatApp:
-    return SpecchatApp(backend=FakeBackend(ANSWER), store=Store(tmp_path / "chat.db"),
+    return SpecchatApp(backend_factory=lambda choice: FakeBackend(ANSWER), store=Store(tmp_path / "chat.db"),
                        settings_path=tmp_path / "config.toml", **kwargs)
 
 
@@ -71,6 +71,6 @@ def test_rewrite_with_diff(snap_compare, tmp_path):
         await until(pilot, lambda: app.screen.result is not None, "the rewrite")
         await pilot.pause()
 
-    app = SpecchatApp(backend=FakeBackend("Speculative decoding is fast. It keeps the output the same."),
+    app = SpecchatApp(backend_factory=lambda choice: FakeBackend("Speculative decoding is fast. It keeps the output the same."),
                       store=Store(tmp_path / "chat.db"), settings_path=tmp_path / "config.toml", rewrite_file=doc)
     assert snap_compare(app, terminal_size=(160, 48), run_before=run_before)

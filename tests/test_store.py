@@ -7,10 +7,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
-from app.errors import SpecchatError
-from app.store import MIGRATIONS, Store
 from reliability import tally
+
+from specchat.errors import SpecchatError
+from specchat.store.conversations import MIGRATIONS, Store
 
 
 def _v1_database(path: Path) -> None:

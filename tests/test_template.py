@@ -14,8 +14,9 @@ from datetime import datetime
 import pytest
 from reliability import tally
 
-from app.chat import _RENDERER, TIME_LIMIT_S, ChatTemplate, Message
-from app.errors import SpecchatError
+from specchat.errors import SpecchatError
+from specchat.llama.renderer import _RENDERER, TIME_LIMIT_S
+from specchat.llama.template import ChatTemplate, Message
 
 CHATML = """{%- if messages[0]['role'] == 'system' %}
     {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
@@ -136,9 +137,9 @@ def test_renders_exactly_as_llama_cpp_python_did(name):
 def test_the_smollm2_gguf_template_renders_as_before():
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    from app.catalog import load_catalog
-    from app.fetch import on_disk
-    from app.llm import Model
+    from specchat.llama.model import Model
+    from specchat.models.catalog import load_catalog
+    from specchat.models.fetch import on_disk
 
     path = on_disk(load_catalog().model("smollm2-135m-instruct"))
     if path is None:
@@ -225,7 +226,7 @@ def test_a_renderer_that_dies_mid_render_is_reported_and_replaced():
 def test_an_orphaned_renderer_stops_an_endless_render_by_itself():
     """If the app is killed mid-render nobody kills the renderer, so it must stop on its own."""
     tally("untrusted chat templates", inputs=1)
-    proc = subprocess.Popen([sys.executable, "-c", "from app.chat import serve; serve()"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", "from specchat.llama.renderer import serve; serve()"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
     assert proc.stdout.readline() == b"ready\n"
     request = {"template": ENDLESS, "limit_s": LIMIT_S,

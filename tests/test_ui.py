@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-from app.runtime import ModelChoice
-from app.store import Store
-from app.ui.app import SpecchatApp
-from app.ui.rewrite import RewriteScreen
-from app.ui.screens import ErrorScreen
-from app.ui.widgets import MessageView, StatsPanel
 from fakes import FakeBackend
+
+from specchat.loader import ModelChoice
+from specchat.store.conversations import Store
+from specchat.ui.app import SpecchatApp
+from specchat.ui.rewrite import RewriteScreen
+from specchat.ui.screens import ErrorScreen
+from specchat.ui.widgets import MessageView, StatsPanel
 
 
 async def until(pilot, condition, what: str, timeout: float = 15.0) -> None:
@@ -24,7 +24,8 @@ async def until(pilot, condition, what: str, timeout: float = 15.0) -> None:
 
 
 def make_app(tmp_path: Path, backend=None, **kwargs) -> SpecchatApp:
-    return SpecchatApp(backend=backend or FakeBackend(), store=Store(tmp_path / "chat.db"),
+    backend = backend or FakeBackend()
+    return SpecchatApp(backend_factory=lambda choice: backend, store=Store(tmp_path / "chat.db"),
                        settings_path=tmp_path / "config.toml", **kwargs)
 
 

@@ -15,18 +15,19 @@ from textual.events import Key
 from textual.message import Message as TMessage
 from textual.widgets import Footer, Header, Label, ListItem, ListView, ProgressBar, Static, TextArea
 
-from app.backend import Backend, EngineBackend
-from app.catalog import Catalog, load_catalog
-from app.chat import Message
-from app.engine import Done, Prefill, Step
-from app.errors import SpecchatError
-from app.files import atomic_write
-from app.runtime import ModelChoice
-from app.settings import Settings, load_settings, save_settings
-from app.store import Store
-from app.ui.screens import ConfirmScreen, ErrorScreen, HelpScreen, PromptScreen, SettingsScreen
-from app.ui.streaming import pump
-from app.ui.widgets import MessageView, StatsPanel, summary_line
+from specchat.backend import Backend, BackendFactory, EngineBackend
+from specchat.errors import SpecchatError
+from specchat.llama.template import Message
+from specchat.loader import ModelChoice
+from specchat.models.catalog import Catalog, load_catalog
+from specchat.spec.engine import Done, Prefill, Step
+from specchat.spec.guessers import GUESSERS
+from specchat.store.conversations import Store
+from specchat.store.files import atomic_write
+from specchat.store.settings import Settings, load_settings, save_settings
+from specchat.ui.screens import ConfirmScreen, ErrorScreen, HelpScreen, PromptScreen, SettingsScreen
+from specchat.ui.streaming import pump
+from specchat.ui.widgets import MessageView, StatsPanel, summary_line
 
 
 class ConversationItem(ListItem):
@@ -89,7 +90,7 @@ class SpecchatApp(App[None]):
     _CHAT_ACTIONS = {"new_chat", "regenerate", "edit_last", "copy_answer", "toggle_provenance", "cycle_guesser",
                      "delete_chat", "export", "rewrite", "rename"}
 
-    def __init__(self, choice: ModelChoice | None = None, backend: Backend | None = None,
+    def __init__(self, choice: ModelChoice | None = None, backend_factory: BackendFactory = EngineBackend,
                  store: Store | None = None, settings_path: Path | None = None,
                  rewrite_file: Path | None = None) -> None:
         super().__init__()
@@ -98,8 +99,8 @@ class SpecchatApp(App[None]):
         self.settings_path = settings_path
         self.settings, self._settings_problems = load_settings(settings_path)
         self.catalog: Catalog | None = None
-        self.backend: Backend | None = backend
-        self._injected_backend = backend is not None
+        self.backend_factory = backend_factory  # tests pass one that makes a scripted backend
+        self.backend: Backend | None = None
         self.ready = False
         self.conversation_id: int | None = None
         self.generating = False
@@ -156,7 +157,10 @@ class SpecchatApp(App[None]):
             choice = replace(choice, pair=self.settings.pair)
         if self.settings.offline:  # the setting adds to HF_HUB_OFFLINE; it never turns it off
             choice = replace(choice, offline=True)
-        backend = self.backend if self._injected_backend else EngineBackend(choice)
+        if self.backend is not None:  # another pair: free the old one first (after any answer it is writing)
+            self.backend.close()
+            self.backend = None
+        backend = self.backend_factory(choice)
         try:
             backend.load(lambda what, done, total: self.call_from_thread(self._progress, what, done, total))
         except SpecchatError as e:
@@ -363,7 +367,8 @@ class SpecchatApp(App[None]):
                                       if self.provenance else "off"))
 
     def action_cycle_guesser(self) -> None:
-        options = ["auto", "none", "lookup"] + (["draft"] if self.backend and self.backend.has_draft else [])
+        has_draft = self.backend is not None and self.backend.has_draft
+        options = [g for g in GUESSERS if g != "draft" or has_draft]
         nxt = options[(options.index(self.settings.guesser) + 1) % len(options)] if self.settings.guesser in options \
             else options[0]
         self._apply_settings(replace(self.settings, guesser=nxt))
@@ -414,7 +419,7 @@ class SpecchatApp(App[None]):
     def _apply_settings(self, settings: Settings | None) -> None:
         if settings is None:
             return
-        reload = settings.pair != self.settings.pair and not self._injected_backend
+        reload = settings.pair != self.settings.pair
         self.settings = settings
         save_settings(settings, self.settings_path)
         self._status(f"guesser {settings.guesser}")
@@ -433,7 +438,7 @@ class SpecchatApp(App[None]):
         self.push_screen(PromptScreen("Document to rewrite (path)"), done)
 
     def _open_rewrite(self, path: Path) -> None:
-        from app.ui.rewrite import RewriteScreen
+        from specchat.ui.rewrite import RewriteScreen
 
         try:
             screen = RewriteScreen(path, self.backend, self.settings)

@@ -14,20 +14,20 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, TextArea
 
-from app.backend import Backend
-from app.engine import Done, Step
-from app.errors import SpecchatError
-from app.rewrite import PRESETS, diff_lines, output_path, read_document, rewrite_messages, save, split_paragraphs
-from app.settings import Settings
-from app.ui.screens import ConfirmScreen
-from app.ui.widgets import StatsPanel
+from specchat.backend import Backend
+from specchat.documents import PRESETS, diff_lines, output_path, read_document, rewrite_messages, save, split_paragraphs
+from specchat.errors import SpecchatError
+from specchat.spec.engine import Done, Step
+from specchat.store.settings import Settings
+from specchat.ui.screens import ConfirmScreen
+from specchat.ui.widgets import StatsPanel
 
 CUSTOM = "custom"
 
 
 class RewriteScreen(Screen[None]):
-    BINDINGS = [Binding("ctrl+r", "start", "Rewrite"), Binding("escape", "stop_or_close", "Stop / back"), Binding("ctrl+s", "save", "Save new file"),
-                Binding("ctrl+w", "overwrite", "Overwrite original")]
+    BINDINGS = [Binding("ctrl+r", "start", "Rewrite"), Binding("escape", "stop_or_close", "Stop / back"),
+                Binding("ctrl+s", "save", "Save new file"), Binding("ctrl+w", "overwrite", "Overwrite original")]
 
     def __init__(self, path: Path, backend: Backend | None, settings: Settings) -> None:
         super().__init__()
@@ -99,7 +99,7 @@ class RewriteScreen(Screen[None]):
              budget: int) -> None:
         results: list[str] = []
         config = self.settings.generation()
-        config = type(config)(config.sampling, budget + 64, config.k, ())
+        config = type(config)(config.sampling, budget + 64, config.draft_length, ())
         for n, chunk in enumerate(chunks, 1):
             self.app.call_from_thread(self._set_status, f"rewriting part {n} of {len(chunks)}… (Esc stops)")
             done = None

@@ -10,11 +10,11 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
-from app.catalog import Catalog
-from app.errors import SpecchatError
-from app.fetch import on_disk
-from app.runtime import GUESSERS
-from app.settings import Settings
+from specchat.errors import SpecchatError
+from specchat.models.catalog import Catalog
+from specchat.models.fetch import on_disk
+from specchat.spec.guessers import GUESSERS
+from specchat.store.settings import Settings
 
 
 class ErrorScreen(ModalScreen[None]):

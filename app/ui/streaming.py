@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable
 
-from app.backend import BackendEvent, Notice
-from app.engine import Done, Prefill, Step
+from specchat.backend import BackendEvent, Notice
+from specchat.spec.engine import Done, Prefill, Step
 
 
 def pump(events: Iterable[BackendEvent], post: Callable[[Callable, object], None],

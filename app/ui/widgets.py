@@ -9,8 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Sparkline, Static
 
-from app.backend import Baseline
-from app.engine import Source, Stats, Step
+from specchat.backend import Baseline
+from specchat.spec.engine import Source, Stats, Step
 
 SOURCE_STYLE = {
     Source.DRAFT: "bold green",
@@ -136,7 +136,7 @@ class StatsPanel(Vertical):
             f"tok/step  {t.tokens_per_step:6.2f}" if steps else "tok/step       –",
             f"accept    {t.acceptance:6.0%}  ({t.accepted}/{t.drafted})" if t.drafted else "accept         –",
             f"draft len {steps[-1].drafted:6d}" if steps else "draft len      –",
-            "steps     " + ", ".join(f"{n} {src}" for src, n in Counter(s.source for s in steps).most_common())
+            "steps     " + ", ".join(f"{n} {src}" for src, n in Counter(s.guesser for s in steps).most_common())
             if steps else "steps          –",
             f"speedup   {t.tokens_per_s / base:6.2f}x" if steps and base else "speedup        –",
         ]

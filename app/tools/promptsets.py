@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.errors import SpecchatError
+from specchat.errors import SpecchatError
 
 
 def load_prompts(path: Path) -> list[tuple[str, str]]:

@@ -19,10 +19,12 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals, _logger
 
-from app.errors import SpecchatError
+from specchat.errors import ContextFull, SpecchatError
 
 GGUF_MAGIC = b"GGUF"
 _OFFLOAD_ALL_LAYERS = 999  # Metal and CUDA builds offload everything; CPU builds ignore it.
+
+
 
 _backend_ready = False
 _logger.set_verbose(False)  # llama.cpp's load and context logs are for its own debugging
@@ -41,10 +43,6 @@ def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 
 
 llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
-
-
-class ContextFull(SpecchatError):
-    """The conversation no longer fits in the model's context window."""
 
 
 def check_gguf(path: Path) -> None:

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from app.chat import Message
-from app.errors import SpecchatError
-from app.files import atomic_write
+from specchat.errors import SpecchatError
+from specchat.llama.template import Message
+from specchat.store.files import atomic_write
 
 PRESETS = {
     "Fix grammar": "Fix the grammar, spelling and punctuation. Change nothing else.",

@@ -1,13 +1,13 @@
-"""Measuring a model's decode cost curve on this machine, cached per model file, backend and threads."""
+"""Measuring a model's decode cost curve on this machine (the loader caches it per model file,
+backend and thread count)."""
 
 from __future__ import annotations
 
 import statistics
 import time
 
-from app.controller import CostCurve
-from app.files import cache_file, read_cache, update_cache
-from app.llm import Model
+from specchat.llama.model import Model
+from specchat.spec.policy import CostCurve
 
 MAX_POSITIONS = 32
 # Every n up to 17 is timed: CPU kernels batch rows in fours and eights, so the curve is not smooth
@@ -15,7 +15,6 @@ MAX_POSITIONS = 32
 # interpolated.
 _MEASURED = (*range(1, 18), 20, 24, 28, 32)
 _CONTEXT = 128  # timings are taken at this position, a typical early-answer depth
-COSTS = "costs.json"
 
 
 def _time_decode(model: Model, n: int, repeats: int = 3) -> float:
@@ -50,23 +49,3 @@ def measure_curve(target: Model, draft: Model | None) -> CostCurve:
     for s in sessions:
         s.rewind(0)
     return CostCurve(curve, draft_s)
-
-
-def _key(target: Model, draft: Model | None) -> str:
-    return target.cache_key + "|" + (draft.cache_key if draft is not None else "")
-
-
-def load_curve(target: Model, draft: Model | None, fresh: bool = False) -> CostCurve:
-    """The cached curve for this model, backend and thread count, measured on first use (or now,
-    if `fresh`: a machine's speed drifts, and a benchmark should judge against today's)."""
-    entry = None if fresh else read_cache(cache_file(COSTS)).get(_key(target, draft))
-    if entry is not None and len(entry.get("verify_s", [])) == MAX_POSITIONS:
-        return CostCurve(list(entry["verify_s"]), float(entry["draft_s"]))
-    curve = measure_curve(target, draft)
-    save_curve(target, draft, curve)
-    return curve
-
-
-def save_curve(target: Model, draft: Model | None, curve: CostCurve) -> None:
-    update_cache(cache_file(COSTS), _key(target, draft),
-                 {"verify_s": curve.verify_s, "draft_s": curve.draft_s, "measured": time.strftime("%Y-%m-%d")})

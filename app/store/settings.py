@@ -1,24 +1,27 @@
 """User settings: one validated object, stored as TOML in the platformdirs config dir.
 
 An invalid value never stops the app: it is reported in one line and the default is used.
+A change rewrites only the keys that changed (through tomlkit), so the user's comments, order
+and other keys in the file survive every save.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import platformdirs
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
 
-from app.engine import GenerationConfig
-from app.errors import SpecchatError
-from app.files import atomic_write
-from app.runtime import GUESSERS
-from app.sampling import SamplingConfig
-from app.tomlpos import locate
+from specchat.errors import SpecchatError
+from specchat.spec.engine import GenerationConfig
+from specchat.spec.guessers import GUESSERS
+from specchat.spec.sampling import SamplingConfig
+from specchat.store.files import atomic_write
+from specchat.store.tomlpos import locate
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,24 @@ def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> None:
+    """Write the settings that changed into the file, leaving everything else in it as it was.
+
+    A key the file lacks is added only when its value differs from the default. A file that is not
+    valid TOML is kept beside the new one as `config.toml.invalid`, never silently overwritten."""
     path = path or default_config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = []
+    try:
+        text = path.read_text(encoding="utf-8")
+        doc = tomlkit.parse(text)
+    except FileNotFoundError:
+        doc = tomlkit.document()
+    except (OSError, UnicodeDecodeError, TOMLKitError, RecursionError):
+        path.replace(path.with_name(path.name + ".invalid"))
+        doc = tomlkit.document()
+    current, defaults = doc.unwrap(), asdict(Settings())
     for key, value in asdict(settings).items():
-        # JSON's literals and string escapes are valid TOML (non-ASCII kept as is: TOML has no
-        # surrogate-pair escapes), and cover bools, control characters and quotes alike.
-        # DEL is the one control character JSON leaves raw and TOML refuses.
-        text = json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
-        lines.append(f"{key} = {text}")
-    atomic_write(path, "\n".join(lines) + "\n")
+        # Compare types too: `temperature = 1` must become 1.0, and `top_k = true` is not 1.
+        same = key in current and current[key] == value and type(current[key]) is type(value)
+        if not same and (key in current or value != defaults[key]):
+            doc[key] = value
+    atomic_write(path, tomlkit.dumps(doc))

@@ -10,15 +10,18 @@ import enum
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 
-from app.guessers import Guesser, NoGuesser
-from app.llm import ContextFull, Model
-from app.sampling import SamplingConfig, logits_to_probs
-from app.textstream import TextStream
-from app.verify import Verdict, verify, verify_greedy
+from specchat.errors import ContextFull
+from specchat.spec.guessers import Guesser, NoGuesser
+from specchat.spec.sampling import SamplingConfig, logits_to_probs
+from specchat.spec.textstream import TextStream
+from specchat.spec.verify import Verdict, verify, verify_greedy
+
+if TYPE_CHECKING:  # the engine drives a loaded Model; importing it must not load llama.cpp
+    from specchat.llama.model import Model
 
 
 class Source(enum.Enum):
@@ -56,7 +59,7 @@ class Step:
     accepted: int
     draft_s: float
     verify_s: float
-    source: str = "none"  # the guesser behind this step's guess: "none", "lookup" or "draft"
+    guesser: str = "none"  # the guesser behind this step's guess: "none", "lookup" or "draft"
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ Event = Union[Prefill, Step, Done]
 class GenerationConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     max_tokens: int = 512
-    k: int | None = None  # draft length; None takes the guesser's default
+    draft_length: int | None = None  # the most tokens a guesser may propose; None: its default
     stop: tuple[str, ...] = ()
 
 
@@ -138,7 +141,7 @@ class Engine:
                               "shorten it or raise --ctx")
         sampling = config.sampling
         rng = np.random.default_rng(sampling.seed)
-        k_max = self.guesser.default_k if config.k is None else config.k
+        k_max = self.guesser.default_draft_length if config.draft_length is None else config.draft_length
         session = self.target.session
         text = TextStream(config.stop)
 
@@ -183,7 +186,7 @@ class Engine:
             released = text.push("".join(t.text for t in tokens))
             answer.append(released)
             step = Step(tuple(tokens), released, len(proposal.tokens), verdict.n_accepted,
-                        t_verify - t_draft, t_end - t_verify, proposal.source)
+                        t_verify - t_draft, t_end - t_verify, proposal.guesser)
             self.guesser.observe(step.drafted, step.accepted, step.draft_s, step.verify_s)
             stats = stats.add_step(step)
             yield step

@@ -8,20 +8,31 @@ and, if it sampled them, the distributions it sampled from; deterministic propos
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
-from app.controller import Acceptance, CostCurve, MatchAcceptance, best_k, best_length, keep_drafting
-from app.llm import Model
-from app.sampling import SamplingConfig, logits_to_probs, sample
+from specchat.spec.policy import Acceptance, CostCurve, MatchAcceptance, best_k, best_length, keep_drafting
+from specchat.spec.sampling import SamplingConfig, logits_to_probs, sample
+
+if TYPE_CHECKING:  # settings validate guesser names without loading llama.cpp
+    from specchat.llama.model import Model
+
+# The guessers by name, in the order the app cycles through them: the one registry of names that
+# the command line, the settings and the app offer (specchat.loader builds them).
+GUESSERS: dict[str, str] = {
+    "auto": "picks lookup, the draft or nothing at each step, by this machine's costs",
+    "none": "plain decoding",
+    "lookup": "copies from earlier text (prompt lookup)",
+    "draft": "the draft model guesses",
+}
 
 
 @dataclass(frozen=True)
 class Proposal:
     tokens: list[int]
     probs: np.ndarray | None  # (len(tokens), V) or None for deterministic proposals
-    source: str = "none"  # which guesser made it: "none", "lookup" or "draft"
+    guesser: str = "none"  # which guesser made it: "none", "lookup" or "draft"
 
     @staticmethod
     def empty() -> "Proposal":
@@ -30,7 +41,7 @@ class Proposal:
 
 class Guesser(Protocol):
     name: str
-    default_k: int
+    default_draft_length: int
 
     def prepare(self, context: Sequence[int]) -> None:
         """Called once per generation with the prompt, before timing starts counting steps."""
@@ -47,7 +58,7 @@ class NoGuesser:
     """Plain decoding through the same engine: every step verifies nothing and samples one token."""
 
     name = "none"
-    default_k = 0
+    default_draft_length = 0
 
     def prepare(self, context: Sequence[int]) -> None:
         pass
@@ -66,7 +77,7 @@ class LookupGuesser:
     propose the tokens that followed it there."""
 
     name = "lookup"
-    default_k = 10
+    default_draft_length = 10
 
     def __init__(self, max_ngram: int = 3) -> None:
         self.max_ngram = max_ngram
@@ -129,7 +140,7 @@ class DraftGuesser:
     """
 
     name = "draft"
-    default_k = 4
+    default_draft_length = 4
 
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -195,7 +206,7 @@ class AutoGuesser:
     """
 
     name = "auto"
-    default_k = 16
+    default_draft_length = 16
 
     def __init__(self, curve: CostCurve, draft: DraftGuesser | None = None, max_match: int = 32,
                  window: int = 8, piece: Callable[[int], bytes] | None = None) -> None:

@@ -1,22 +1,33 @@
-"""The model catalog (`models.toml`): named models, their sources, and target/draft pairs."""
+"""The model catalog (`models.toml`): named models, their sources, and target/draft pairs.
+
+specchat ships one inside the package; a `models.toml` in the user's config dir extends it (its
+models and pairs are added, or replace shipped ones of the same name, and its `default_pair`, if
+any, wins). SPECCHAT_CATALOG names a catalog that replaces both.
+"""
 
 from __future__ import annotations
 
 import os
 import tomllib
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from app.errors import SpecchatError
-from app.tomlpos import dotted_key, locate
+import platformdirs
 
-DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "models.toml"
+from specchat.errors import SpecchatError
+from specchat.store.tomlpos import dotted_key, locate
 
 
-def catalog_path() -> Path:
-    """SPECCHAT_CATALOG points at another catalog (a user's own, or a test's)."""
-    return Path(os.environ.get("SPECCHAT_CATALOG") or DEFAULT_CATALOG)
+def shipped_catalog_path() -> Path:
+    """The catalog installed with specchat (package data; a link to the checkout's in a source tree)."""
+    return Path(str(resources.files("specchat").joinpath("models.toml")))
+
+
+def user_catalog_path() -> Path:
+    """The user's own catalog, which extends the shipped one."""
+    return Path(platformdirs.user_config_dir("specchat")) / "models.toml"
 
 
 @dataclass(frozen=True)
@@ -80,7 +91,15 @@ class Catalog:
 
 
 def load_catalog(path: Path | None = None) -> Catalog:
-    path = path or catalog_path()
+    """The catalog at `path`; by default SPECCHAT_CATALOG, or else the shipped one extended by the user's."""
+    if path is not None or os.environ.get("SPECCHAT_CATALOG"):
+        return _read(path or Path(os.environ["SPECCHAT_CATALOG"]))
+    shipped = _read(shipped_catalog_path())
+    user = user_catalog_path()
+    return _read(user, base=shipped) if user.is_file() else shipped
+
+
+def _read(path: Path, base: Catalog | None = None) -> Catalog:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -95,7 +114,7 @@ def load_catalog(path: Path | None = None) -> Catalog:
         raise SpecchatError(f"{path}: invalid TOML: {e}") from None
     except RecursionError:  # tomllib recurses into nested arrays and tables
         raise SpecchatError(f"{path}: invalid TOML: nested too deeply") from None
-    return parse_catalog(data, path, text)
+    return parse_catalog(data, path, text, base)
 
 
 _KNOWN = {
@@ -149,12 +168,15 @@ class _Source:
         return value
 
 
-def parse_catalog(data: dict[str, Any], path: Path, text: str | None = None) -> Catalog:
-    """The catalog in `data`, read from `path`; given the file's `text`, errors name the line."""
+def parse_catalog(data: dict[str, Any], path: Path, text: str | None = None, base: Catalog | None = None) -> Catalog:
+    """The catalog in `data`, read from `path`, extending `base` if given; given the file's `text`,
+    errors name the line."""
     src = _Source(path, text)
     src.table(data, (), "catalog")
-    models = {name: _model(src, name, body) for name, body in src.table(data.get("models", {}), ("models",)).items()}
-    pairs = {}
+    models = dict(base.models) if base else {}
+    models.update({name: _model(src, name, body)
+                   for name, body in src.table(data.get("models", {}), ("models",)).items()})
+    pairs = dict(base.pairs) if base else {}
     for name, body in src.table(data.get("pairs", {}), ("pairs",)).items():
         keys = ("pairs", name)
         body = src.table(body, keys, "pair")
@@ -164,7 +186,7 @@ def parse_catalog(data: dict[str, Any], path: Path, text: str | None = None) -> 
             if getattr(pair, role) not in models:
                 raise src.error((*keys, role), f"names unknown model {getattr(pair, role)!r}")
         pairs[name] = pair
-    default = data.get("default_pair")
+    default = data.get("default_pair", base.default_pair if base else None)
     # A TOML array or table is unhashable: test the type before looking it up.
     if not isinstance(default, str) or default not in pairs:
         raise src.error(("default_pair",), f"must name one of the [pairs.*] tables, got {default!r}")

@@ -1,4 +1,4 @@
-"""Chat prompts from the GGUF's own template, with token-exact reuse of the previous turn.
+"""The sandboxed renderer of chat templates: the parent's client (`render`) and the process (`serve`).
 
 A GGUF's chat template is untrusted input: a Jinja program written by whoever published the
 file. It runs in jinja2's immutable sandbox (no Python internals, no mutation, no file reads)
@@ -22,97 +22,25 @@ import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any
 
 import jinja2
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-from app.errors import SpecchatError
-
-if TYPE_CHECKING:  # not at run time: the renderer process imports this module and must stay small
-    from app.llm import Model
+from specchat.errors import SpecchatError
 
 TIME_LIMIT_S = 1.0  # real templates render in milliseconds
 MAX_OUTPUT = 10_000_000  # characters; far more than any context window holds
 MEMORY_LIMIT = 1 << 30  # bytes of address space for the renderer process
 
 
-@dataclass(frozen=True)
-class Message:
-    role: str  # "system", "user" or "assistant"
-    content: str
-
-
-class ChatTemplate:
-    """One GGUF's chat template, checked for syntax on construction; `name` is the model file's."""
-
-    def __init__(self, source: str, name: str, bos_token: str = "", eos_token: str = "",
-                 limit_s: float = TIME_LIMIT_S) -> None:
-        self.source, self.name, self.limit_s = source, name, limit_s
-        self._tokens = {"bos_token": bos_token, "eos_token": eos_token}
-        self._run(None)
-
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        # The variables llama-cpp-python's Jinja2ChatFormatter passes, so templates render as they did.
-        return self._run({"messages": [{"role": m.role, "content": m.content} for m in messages],
-                          "add_generation_prompt": add_generation_prompt, **self._tokens,
-                          "functions": None, "function_call": None, "tools": None, "tool_choice": None})
-
-    def _run(self, variables: dict[str, Any] | None) -> str:
-        reply = _RENDERER.run({"template": self.source, "variables": variables, "limit_s": self.limit_s},
-                              self.limit_s)
-        if "error" in reply:
-            raise SpecchatError(f"the chat template of {self.name} {reply['error']}")
-        return reply["text"]
-
-
-class ChatPrompter:
-    """Renders a conversation to prompt tokens.
-
-    Re-tokenizing a whole conversation can split the previous answer differently from how
-    it was generated, which would defeat KV-cache reuse. So when the new rendering extends
-    the text of the last prompt plus its answer, only the new text is tokenized and appended
-    to the tokens the cache already holds.
-    """
-
-    def __init__(self, model: Model) -> None:
-        self.model = model
-        template = model.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise SpecchatError(f"{model.path.name} has no chat template in its metadata; use an instruct model")
-        self.template = ChatTemplate(template, model.path.name, model.bos_text, model.eos_text)
-        self._text = ""
-        self._tokens: list[int] = []
-
-    def render(self, messages: Sequence[Message]) -> str:
-        return self.template.render(messages)
-
-    def tokens(self, messages: Sequence[Message]) -> list[int]:
-        text = self.render(messages)
-        if self._text and text.startswith(self._text):
-            tokens = self._tokens + self.model.tokenize(text[len(self._text):], add_bos=False)
-        else:
-            tokens = self.model.tokenize(text, add_bos=self.model.add_bos and not text.startswith(self.model.bos_text))
-        self._text, self._tokens = text, tokens
-        return tokens
-
-    def remember(self, answer_ids: Sequence[int]) -> None:
-        """After a generation: the cache now holds the last prompt plus these tokens (EOG included)."""
-        self._tokens = self._tokens + list(answer_ids)
-        self._text += b"".join(self.model.piece(t, special=True) for t in answer_ids).decode("utf-8", "replace")
-
-
 class _Renderer:
     """The parent's end of the renderer process: started on first use, killed and restarted after a
     render that ran out of time or crashed it. One request at a time (threads share it)."""
 
-    _START = f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); " \
-             "from app.chat import serve; serve()"
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
@@ -140,8 +68,9 @@ class _Renderer:
 
     def _started(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
-            # -P: no current directory on its sys.path. A session of its own: Ctrl-C goes to the app only.
-            self._proc = subprocess.Popen([sys.executable, "-P", "-c", self._START], stdin=subprocess.PIPE,
+            # The installed package, run as a module: -P keeps the current directory off its sys.path.
+            # A session of its own: Ctrl-C goes to the app only.
+            self._proc = subprocess.Popen([sys.executable, "-P", "-m", __name__], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
             assert self._proc.stdout is not None
             if self._proc.stdout.readline() != b"ready\n":
@@ -159,6 +88,11 @@ class _Renderer:
 
 _RENDERER = _Renderer()
 atexit.register(_RENDERER._kill)  # it would exit when its stdin closes, unless busy with an endless template
+
+
+def render(request: dict[str, Any], limit_s: float) -> dict[str, str]:
+    """One request to the renderer process (see `serve`): {"text": ...} or {"error": ...}."""
+    return _RENDERER.run(request, limit_s)
 
 
 # --- the renderer process -------------------------------------------------------------------------
@@ -286,3 +220,7 @@ def serve() -> None:
             deadman(signal.ITIMER_REAL, 0)
         stdout.write(json.dumps(reply).encode() + b"\n")
         stdout.flush()
+
+
+if __name__ == "__main__":
+    serve()

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from app.runtime import ModelChoice
-from app.store import Store
+from specchat.loader import ModelChoice
+from specchat.store.conversations import Store
 
 PROMPTS = [
     "Explain in two sentences what a hash table is.",
@@ -79,7 +79,7 @@ def _rss_mb() -> tuple[float, float]:
 
 def check_answer(app, report: Report) -> None:
     """The panel's running totals, the per-step figures and the stored answer must agree."""
-    from app.ui.widgets import StatsPanel
+    from specchat.ui.widgets import StatsPanel
 
     panel = app.query_one(StatsPanel)
     steps, t = panel.steps, panel.totals
@@ -112,7 +112,7 @@ async def _until(pilot, condition, what: str, timeout: float = 600.0) -> None:
 
 
 async def _ask(pilot, app, prompt: str, stop_after: int | None = None) -> None:
-    from app.ui.widgets import StatsPanel
+    from specchat.ui.widgets import StatsPanel
 
     app.query_one("#input").text = prompt
     await pilot.press("enter")  # the key's handler sets `generating` before press() returns
@@ -124,7 +124,7 @@ async def _ask(pilot, app, prompt: str, stop_after: int | None = None) -> None:
 
 
 async def _rewrite(pilot, app, doc: Path, report: Report) -> None:
-    from app.ui.rewrite import RewriteScreen
+    from specchat.ui.rewrite import RewriteScreen
 
     await pilot.press("ctrl+o")
     await _until(pilot, lambda: len(app.screen_stack) > 1, "the path prompt")
@@ -143,8 +143,8 @@ async def _rewrite(pilot, app, doc: Path, report: Report) -> None:
 
 async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 0,
                 final_only: bool = False) -> Report:
-    from app.settings import Settings, save_settings
-    from app.ui.app import SpecchatApp
+    from specchat.store.settings import Settings, save_settings
+    from specchat.ui.app import SpecchatApp
 
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "config.toml"
@@ -190,7 +190,7 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
 
 
 def fresh_answer(choice: ModelChoice, workdir: Path) -> str:
-    cmd = [sys.executable, "-m", "app.endurance", "--workdir", str(workdir), "--ctx", str(choice.n_ctx)]
+    cmd = [sys.executable, "-m", "specchat.tools.endurance", "--workdir", str(workdir), "--ctx", str(choice.n_ctx)]
     cmd += ["--pair", choice.pair] if choice.pair else []
     cmd += ["--threads", str(choice.threads)] if choice.threads else []
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900).stdout
@@ -209,7 +209,7 @@ def run(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 0) -> Re
 
 def main(argv: list[str] | None = None) -> int:
     """The fresh process of the final check: only the final greedy answer, printed as JSON."""
-    p = argparse.ArgumentParser(prog="python -m app.endurance")
+    p = argparse.ArgumentParser(prog="python -m specchat.tools.endurance")
     p.add_argument("--pair", default=None)
     p.add_argument("--workdir", type=Path, required=True)
     p.add_argument("--ctx", type=int, default=4096)

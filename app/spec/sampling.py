@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.errors import SpecchatError
+from specchat.errors import SpecchatError
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from typing import Callable
 
 import platformdirs
 
-from app.catalog import ModelEntry, PypiSource
-from app.errors import SpecchatError
-from app.files import remove_dead_leftovers
+from specchat.errors import SpecchatError
+from specchat.models.catalog import ModelEntry, PypiSource
+from specchat.store.files import remove_dead_leftovers
 
 # No telemetry. huggingface_hub reads this once, when first imported (lazily, below); without it its
 # send_telemetry() may report usage, and its downloads' User-Agent describes this environment.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import platformdirs
 
-from app.errors import SpecchatError
+from specchat.errors import SpecchatError
 
 # Each step upgrades the schema from version i to i + 1. Append; never edit a shipped step.
 MIGRATIONS = [

@@ -13,33 +13,28 @@ import statistics
 import sys
 from collections import defaultdict
 
-from app.chat import ChatPrompter, Message
-from app.engine import Engine, GenerationConfig, Stats, final
-from app.errors import SpecchatError
-from app.cost import load_curve
-from app.guessers import AutoGuesser, Guesser, NoGuesser
-from app.measure import modelled_seconds, oracle_lookup_seconds, tokens_per_step_formula
-from app.runtime import ModelChoice, load_target, make_guesser, model_paths
-from app.workload import load_prompts
+from specchat.errors import SpecchatError
+from specchat.llama.template import ChatPrompter, Message
+from specchat.loader import ModelChoice, load_pair
+from specchat.spec.engine import Engine, GenerationConfig, Stats, final
+from specchat.spec.guessers import AutoGuesser, Guesser, NoGuesser
+from specchat.tools.promptsets import load_prompts
+from specchat.tools.replay import modelled_seconds, oracle_lookup_seconds, tokens_per_step_formula
 
 
 def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationConfig) -> int:
     if args.repeat < 1:
         raise SpecchatError(f"--repeat must be at least 1, got {args.repeat}")
     prompts = [item for path in args.prompts for item in load_prompts(path)]
-    target_path, draft_path = model_paths(choice)
-    target = load_target(target_path, choice)
-    guessers: dict[str, Guesser] = {"plain": NoGuesser()}
-    guessers.update({name: make_guesser(name, target, draft_path, choice) for name in args.guesser})
-    engine, prompter = Engine(target), ChatPrompter(target)
+    pair = load_pair(choice)
+    target = pair.target
     # Today's costs, measured now: a machine's speed drifts (a cached curve here once put 2
     # positions at 1.55 single steps; the same machine later took 1.9), and both auto and the
-    # oracle bound judge by it. The bound keeps this measurement; auto adjusts its own copy.
-    auto = guessers.get("auto")
-    draft = auto.draft.model if isinstance(auto, AutoGuesser) and auto.draft is not None else None
-    curve = load_curve(target, draft, fresh=True)
-    if isinstance(auto, AutoGuesser):
-        auto.curve = curve.copy()
+    # oracle bound judge by it. The bound keeps this measurement; auto starts from its own copy.
+    curve = pair.curve(fresh=True)
+    guessers: dict[str, Guesser] = {"plain": NoGuesser()}
+    guessers.update({name: pair.guesser(name) for name in args.guesser})
+    engine, prompter = Engine(target), ChatPrompter(target)
     # The same controller (lookup only), replayed on plain's text at the curve's costs: its choices
     # judged without timing noise, next to the oracle bound that uses that text and curve too.
     modelled = AutoGuesser(curve.copy(), piece=target.piece)
@@ -68,7 +63,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
         for name, reps in by_guesser.items():
             pooled = [s for rep in reps for s in rep]
             total = _total(pooled)
-            k = config.k if config.k is not None else guessers[name].default_k
+            k = config.draft_length if config.draft_length is not None else guessers[name].default_draft_length
             tps = [_tps(r) for r in reps]
             report[task][name] = {
                 "acceptance": total.acceptance,

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from app.sampling import sample
+from specchat.spec.sampling import sample
 
 
 @dataclass(frozen=True)
