@@ -26,6 +26,23 @@ _OFFLOAD_ALL_LAYERS = 999  # Metal and CUDA builds offload everything; CPU build
 
 
 
+def _extra_buffers() -> bool:
+    """Whether llama.cpp may keep weights in its extra CPU layouts (AMX tiles, repacked blocks).
+
+    They speed up batched evaluation, but the AMX path of the llama.cpp that llama-cpp-python
+    0.3.36 vendors crashes the process (SIGSEGV in ggml_backend_amx_mul_mat) on every batch of two
+    or more tokens, seen on Xeon VMs that advertise AMX and grant it. So they stay off where the CPU
+    has AMX; SPECCHAT_EXTRA_BUFFERS=1 (or 0) decides otherwise."""
+    chosen = os.environ.get("SPECCHAT_EXTRA_BUFFERS", "")
+    if chosen in ("0", "1"):
+        return chosen == "1"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return not any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:  # not Linux: no AMX to trip over
+        return True
+
+
 _backend_ready = False
 _logger.set_verbose(False)  # llama.cpp's load and context logs are for its own debugging
 _GGML_LOG_LEVEL_ERROR = 4  # ggml.h of the vendored llama.cpp (llama-cpp-python's _logger comment is stale)
@@ -101,6 +118,7 @@ class Model:
             _backend_ready = True
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = _OFFLOAD_ALL_LAYERS
+        mparams.use_extra_bufts = _extra_buffers()
         with _llama_errors() as log:
             try:
                 self._model = _internals.LlamaModel(path_model=str(self.path), params=mparams, verbose=False)
