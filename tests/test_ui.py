@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from fakes import FakeBackend
@@ -193,3 +194,22 @@ async def test_invalid_settings_fall_back_with_a_message(tmp_path):
         await until(pilot, lambda: app.ready, "models to load")
         assert app.settings.temperature == 0.0 and app.settings.guesser == "auto"
         assert len(app._settings_problems) == 2
+
+
+async def test_another_pair_closes_the_old_backend_and_loads_a_new_one(tmp_path):
+    made: list[tuple[ModelChoice, FakeBackend]] = []
+
+    def factory(choice: ModelChoice) -> FakeBackend:
+        made.append((choice, FakeBackend()))
+        return made[-1][1]
+
+    app = SpecchatApp(backend_factory=factory, store=Store(tmp_path / "chat.db"), settings_path=tmp_path / "config.toml")
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        app._apply_settings(replace(app.settings, pair="smollm2-self"))
+        await until(pilot, lambda: len(made) == 2 and app.ready, "the new pair to load")
+        assert made[0][1].closed and not made[1][1].closed
+        assert made[1][0].pair == "smollm2-self" and app.backend is made[1][1]
+        app._apply_settings(replace(app.settings, guesser="lookup"))  # not a pair change: nothing reloads
+        await pilot.pause()
+        assert len(made) == 2
