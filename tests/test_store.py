@@ -113,3 +113,26 @@ def test_two_instances_writing_at_once_lose_nothing(tmp_path):
         assert [m.content for m in store.messages(by_title[who].id)] == [f"{who} {i}" for i in range(n)]
     tally("two instances on one database", trials=1, lost=2 * n - sum(
         len(store.messages(c.id)) for c in store.conversations() if c.title.split()[0] in ("left", "right")))
+
+
+def test_full_text_search_finds_conversations_by_any_message(tmp_path):
+    store = Store(tmp_path / "chat.db")
+    fruit, code, empty = (store.new_conversation(t) for t in ("Fruit", "Code", "Empty"))
+    store.add_message(fruit.id, "user", "Name three fruits.")
+    answer = store.add_message(fruit.id, "assistant", "", "partial")
+    store.update_message(answer, "Apples, bananas and cherries.", "complete")  # indexed as it streams
+    store.add_message(code.id, "user", 'How do I reverse a list in Python? "quotes" AND (syntax*')
+    assert [c.id for c in store.search("banana")] == [fruit.id]  # a word's start finds the word
+    assert [c.id for c in store.search("python reverse")] == [code.id]  # every word, any order
+    assert [c.id for c in store.search('"quotes" AND (syntax*')] == [code.id]  # FTS5 syntax is just text
+    assert [c.id for c in store.search("empty")] == [empty.id]  # titles too
+    assert store.search("kiwi") == []
+    store.delete(fruit.id)
+    assert store.search("banana") == []  # deleted messages leave the index
+
+
+def test_an_old_database_gets_its_messages_indexed(tmp_path):
+    path = tmp_path / "chat.db"
+    _v1_database(path)
+    store = Store(path)
+    assert [c.title for c in store.search("hello")] == ["old chat"]

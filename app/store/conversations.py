@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -42,6 +43,19 @@ MIGRATIONS = [
     """
     ALTER TABLE messages ADD COLUMN model TEXT;
     """,
+    # 3: full-text search over every message (an FTS5 index kept by triggers). Triggers hold
+    # semicolons, so this step is a tuple of statements rather than one script.
+    (
+        "CREATE VIRTUAL TABLE message_text USING fts5(content, content='messages', content_rowid='id')",
+        "INSERT INTO message_text(message_text) VALUES ('rebuild')",
+        "CREATE TRIGGER message_text_insert AFTER INSERT ON messages BEGIN "
+        "INSERT INTO message_text(rowid, content) VALUES (new.id, new.content); END",
+        "CREATE TRIGGER message_text_delete AFTER DELETE ON messages BEGIN "
+        "INSERT INTO message_text(message_text, rowid, content) VALUES ('delete', old.id, old.content); END",
+        "CREATE TRIGGER message_text_update AFTER UPDATE OF content ON messages BEGIN "
+        "INSERT INTO message_text(message_text, rowid, content) VALUES ('delete', old.id, old.content); "
+        "INSERT INTO message_text(rowid, content) VALUES (new.id, new.content); END",
+    ),
 ]
 STATUSES = ("complete", "stopped", "partial")  # partial: the app died while generating it
 _BUSY_TIMEOUT_S = 10.0  # another instance's write transaction is short; wait rather than fail
@@ -128,7 +142,8 @@ class Store:
                 db.execute("BEGIN IMMEDIATE")
                 if db.execute("PRAGMA user_version").fetchone()[0] != step:
                     continue
-                for statement in filter(str.strip, MIGRATIONS[step].split(";")):
+                steps = MIGRATIONS[step]
+                for statement in steps if isinstance(steps, tuple) else filter(str.strip, steps.split(";")):
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version = {step + 1}")
 
@@ -141,6 +156,19 @@ class Store:
 
     def conversations(self) -> list[Conversation]:
         rows = self.db.execute("SELECT id, title, updated FROM conversations ORDER BY updated DESC, id DESC")
+        return [Conversation(*row) for row in rows]
+
+    def search(self, query: str, limit: int = 50) -> list[Conversation]:
+        """Conversations whose title or any message holds every word of `query` (a word may be the
+        start of a longer one), most recent first."""
+        words = re.findall(r"\w+", query)
+        if not words:
+            return self.conversations()
+        match = " ".join(f'"{w}"*' for w in words)  # quoted: FTS5 syntax in the query is just text
+        rows = self.db.execute(
+            "SELECT id, title, updated FROM conversations WHERE id IN (SELECT m.conversation_id FROM message_text "
+            "JOIN messages m ON m.id = message_text.rowid WHERE message_text MATCH ?) OR title LIKE ? "
+            "ORDER BY updated DESC, id DESC LIMIT ?", (match, f"%{query.strip()}%", limit))
         return [Conversation(*row) for row in rows]
 
     def new_conversation(self, title: str = "New chat") -> Conversation:
@@ -165,7 +193,9 @@ class Store:
         assert status in STATUSES, status
         now = time.time()
         with self.db:
-            self.db.execute("BEGIN")
+            # IMMEDIATE: take the write lock first (waiting for another instance's), rather than read,
+            # then find at the write that the other instance committed in between ("database is locked").
+            self.db.execute("BEGIN IMMEDIATE")
             cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, status, stats, created, "
                                   "model) VALUES (?, ?, ?, ?, ?, ?, ?)",
                                   (conversation_id, role, content, status, json.dumps(stats) if stats else None, now,
