@@ -97,7 +97,8 @@ def _model_args(p: argparse.ArgumentParser, guesser: bool = True, multi_guesser:
     p.add_argument("--pair", default=None, help="a pair from models.toml (default: its default_pair)")
     p.add_argument("--target", type=Path, default=None, help="a target GGUF file instead of a pair")
     p.add_argument("--draft", type=Path, default=None, help="a draft GGUF file with the target's tokenizer")
-    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
+    p.add_argument("--ctx", type=int, default=None,
+                   help="context length in tokens (default: 4096; the app: its context setting)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     if multi_guesser:
         p.add_argument("--guesser", nargs="+", choices=[g for g in GUESSERS if g != "none"],
@@ -121,7 +122,7 @@ def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 512) -> None:
 
 
 def _choice(args: argparse.Namespace) -> ModelChoice:
-    if args.ctx < 64:
+    if args.ctx is not None and args.ctx < 64:
         raise SpecchatError(f"--ctx must be at least 64, got {args.ctx}")
     return ModelChoice(args.pair, args.target, args.draft, args.ctx, args.threads)
 
@@ -183,7 +184,8 @@ def _generate(args: argparse.Namespace) -> int:
             if event.text and not event.text.endswith("\n"):
                 sys.stdout.write("\n")
             s = event.stats
-            print(f"[{name}] {s.n_tokens} tokens in {s.decode_s:.2f}s: {s.tokens_per_s:.1f} tok/s, "
+            print(f"[{name}] {s.n_tokens} tokens in {s.decode_s:.2f}s: {s.tokens_per_s:.1f} tok/s "
+                  f"({s.wall_tokens_per_s:.1f} as shown), "
                   f"{s.tokens_per_step:.2f} tokens/step, acceptance {s.acceptance:.2f} "
                   f"({s.accepted}/{s.drafted}), prompt {s.n_prompt} tokens in {s.prefill_s:.2f}s, "
                   f"stop: {event.reason}", file=sys.stderr)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Union
 
 import numpy as np
@@ -74,10 +74,18 @@ class Stats:
     rejections: int = 0  # steps that ended on a rejected guess
     draft_s: float = 0.0
     verify_s: float = 0.0
+    # Wall-clock from the end of the prefill to the last step, set on Done: unlike decode_s it
+    # includes the time the consumer (the app drawing, the CLI printing) held each step.
+    wall_s: float = 0.0
 
     @property
     def decode_s(self) -> float:
         return self.draft_s + self.verify_s
+
+    @property
+    def wall_tokens_per_s(self) -> float:
+        """Tokens per second as the user sees them arrive."""
+        return self.n_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -103,7 +111,7 @@ class Stats:
         return Stats(self.n_prompt, self.cached, self.prefill_s, self.n_tokens + len(step.tokens), self.steps + 1,
                      self.drafted + step.drafted, self.accepted + step.accepted,
                      self.rejections + (step.accepted < step.drafted),
-                     self.draft_s + step.draft_s, self.verify_s + step.verify_s)
+                     self.draft_s + step.draft_s, self.verify_s + step.verify_s, self.wall_s)
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,7 @@ class Engine:
         stats = Stats(n_prompt=len(prompt), cached=cached, prefill_s=time.perf_counter() - t0)
         yield Prefill(len(prompt), cached, stats.prefill_s)
 
+        t_decode = time.perf_counter()
         context = list(prompt)
         generated: list[int] = []
         answer: list[str] = []
@@ -196,7 +205,7 @@ class Engine:
                 reason = "stop"
                 break
         answer.append(text.flush())
-        yield Done(reason, "".join(answer), tuple(generated), stats)
+        yield Done(reason, "".join(answer), tuple(generated), replace(stats, wall_s=time.perf_counter() - t_decode))
 
     def _verify(self, pending: int, draft: list[int], draft_probs: np.ndarray | None,
                 sampling: SamplingConfig, rng: np.random.Generator) -> Verdict:
