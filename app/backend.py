@@ -38,6 +38,7 @@ class Baseline:
 class Backend(Protocol):
     name: str
     has_draft: bool
+    n_ctx: int  # tokens the context holds (once loaded)
 
     def load(self, progress: Progress) -> None: ...
 
@@ -85,6 +86,10 @@ class EngineBackend:
 
     def baseline(self) -> Baseline | None:
         return self._baseline
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
 
     def count_tokens(self, text: str) -> int:
         return len(self.target.tokenize(text, special=False))

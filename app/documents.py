@@ -74,11 +74,31 @@ def output_path(original: Path) -> Path:
     return candidate
 
 
+def saved_form(text: str) -> str:
+    """The text as `save` writes it: ending in a newline, as text files do."""
+    return text if text.endswith("\n") else text + "\n"
+
+
 def save(text: str, path: Path) -> Path:
-    atomic_write(path, text if text.endswith("\n") else text + "\n")
+    atomic_write(path, saved_form(text))
     return path
 
 
-def diff_lines(original: str, rewritten: str, name: str) -> list[str]:
-    return list(difflib.unified_diff(original.splitlines(), rewritten.splitlines(),
-                                     f"{name} (original)", f"{name} (rewrite)", lineterm=""))
+_WORDS = re.compile(r"\s+|\w+|[^\w\s]")
+
+
+def word_diff(original: str, rewritten: str) -> list[tuple[str, str]]:
+    """The rewrite as runs of text marked "same", "removed" or "added", word by word (as
+    `git diff --word-diff` shows it), so a fixed typo is one word, not a whole paragraph."""
+    a, b = _WORDS.findall(original), _WORDS.findall(rewritten)
+    runs: list[tuple[str, str]] = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "equal":
+            runs.append(("".join(a[i1:i2]), "same"))
+            continue
+        if i2 > i1:
+            runs.append(("".join(a[i1:i2]), "removed"))
+        if j2 > j1:
+            runs.append(("".join(b[j1:j2]), "added"))
+    return runs
+

@@ -20,6 +20,7 @@ from specchat.spec.policy import CostCurve
 from specchat.store.files import cache_file, read_cache, update_cache
 
 COSTS = "costs.json"  # this machine's cost curves, in the user cache dir
+DEFAULT_CONTEXT = 4096
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class ModelChoice:
     pair: str | None = None
     target: Path | None = None
     draft: Path | None = None
-    n_ctx: int = 4096
+    n_ctx: int | None = None  # None: DEFAULT_CONTEXT (the app: its context setting)
     threads: int | None = None
     fetch: bool = True
     offline: bool = False  # the app's offline setting: never fetch (HF_HUB_OFFLINE in the env does the same)
@@ -97,11 +98,12 @@ def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Ca
     """Fetch what is missing (reporting its progress), load the target and the draft, and check that the
     draft fits the target."""
     target_path, draft_path = model_paths(choice, catalog, progress)
-    target = Model(target_path, n_ctx=choice.n_ctx, n_threads=choice.threads)
+    n_ctx = choice.n_ctx or DEFAULT_CONTEXT
+    target = Model(target_path, n_ctx=n_ctx, n_threads=choice.threads)
     draft = None
     if draft_path is not None:
         try:
-            draft = Model(draft_path, n_ctx=choice.n_ctx, n_threads=choice.threads)
+            draft = Model(draft_path, n_ctx=n_ctx, n_threads=choice.threads)
             check_compatible(target, draft)
         except BaseException:
             if draft is not None:

@@ -13,6 +13,7 @@ from specchat.spec.engine import Done, GenerationConfig, Prefill, Source, Stats,
 class FakeBackend:
     name = "fake-target + fake-draft"
     has_draft = True
+    n_ctx = 4096
 
     def __init__(self, answer: str = "Hello **world**, this is a scripted answer.",
                  pause_after: int | None = None, notice: str | None = None) -> None:

@@ -645,6 +645,8 @@ SETTINGS: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
     "draft_length": (st.integers(0, 32), st.sampled_from([-1, 33, 4.0, "4"])),
     "pair": (st.text(max_size=10), not_strings),
     "offline": (st.booleans(), st.sampled_from([0, 1, "true", "yes", [True]])),
+    "context": (st.integers(256, 1 << 20), st.sampled_from([0, 255, 1 << 21, 4096.0, "4096", True])),
+    "theme": (st.text(max_size=10), not_strings),
 }
 
 

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from specchat.documents import diff_lines, output_path, save, split_paragraphs
+from specchat.documents import output_path, save, split_paragraphs, word_diff
 
 
 def words(text: str) -> int:
@@ -33,6 +33,12 @@ def test_output_path_never_reuses_an_existing_file(tmp_path: Path):
     assert doc.read_text() == "x"
 
 
-def test_diff_marks_changed_lines():
-    lines = diff_lines("a\nb\n", "a\nc\n", "f")
-    assert "-b" in lines and "+c" in lines
+def test_word_diff_marks_the_changed_words_inside_a_paragraph():
+    original = "The cat sat on teh mat.\n\nIt was hapy."
+    rewritten = "The cat sat on the mat.\n\nIt was happy."
+    runs = word_diff(original, rewritten)
+    assert [(text, kind) for text, kind in runs if kind != "same"] == \
+        [("teh", "removed"), ("the", "added"), ("hapy", "removed"), ("happy", "added")]
+    # Read without the removals it is the rewrite; without the additions, the original.
+    assert "".join(text for text, kind in runs if kind != "removed") == rewritten
+    assert "".join(text for text, kind in runs if kind != "added") == original

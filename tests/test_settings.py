@@ -70,7 +70,8 @@ texts = st.text(st.characters(codec="utf-8"), max_size=12)  # control characters
 any_settings = st.builds(
     Settings, system_prompt=texts, temperature=st.floats(0, 5), top_p=st.floats(0, 1, exclude_min=True),
     top_k=st.integers(0, 1000), min_p=st.floats(0, 1, exclude_max=True), max_tokens=st.integers(1, 10**6),
-    guesser=st.sampled_from(list(GUESSERS)), draft_length=st.integers(0, 32), pair=texts, offline=st.booleans())
+    guesser=st.sampled_from(list(GUESSERS)), draft_length=st.integers(0, 32), pair=texts, offline=st.booleans(),
+    context=st.integers(256, 1 << 20), theme=texts)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -29,12 +29,20 @@ def app_for(tmp_path: Path, **kwargs) -> SpecchatApp:
                        settings_path=tmp_path / "config.toml", **kwargs)
 
 
+async def steady(pilot) -> None:
+    """A cursor that does not blink: a snapshot must not depend on when in the blink it is taken."""
+    for widget in pilot.app.screen.query("*"):
+        if hasattr(widget, "cursor_blink"):
+            widget.cursor_blink = False
+    await pilot.pause()
+
+
 async def answered(pilot) -> None:
     app = pilot.app
     await send(pilot, app, "What is speculative decoding?")
     await until(pilot, lambda: len(app.store.messages(app.conversation_id)) == 2 and not app.generating,
                 "the answer")
-    await pilot.pause()
+    await steady(pilot)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)])
@@ -46,7 +54,7 @@ def test_provenance_view(snap_compare, tmp_path):
     async def run_before(pilot) -> None:
         await answered(pilot)
         await pilot.press("ctrl+t")
-        await pilot.pause()
+        await steady(pilot)
 
     assert snap_compare(app_for(tmp_path), terminal_size=(160, 48), run_before=run_before)
 
@@ -55,7 +63,7 @@ def test_settings_screen(snap_compare, tmp_path):
     async def run_before(pilot) -> None:
         await until(pilot, lambda: pilot.app.ready, "models to load")
         await pilot.press("ctrl+s")
-        await pilot.pause()
+        await steady(pilot)
 
     assert snap_compare(app_for(tmp_path), terminal_size=(160, 48), run_before=run_before)
 
@@ -69,8 +77,9 @@ def test_rewrite_with_diff(snap_compare, tmp_path):
         await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
         await pilot.press("ctrl+r")
         await until(pilot, lambda: app.screen.result is not None, "the rewrite")
-        await pilot.pause()
+        await steady(pilot)
 
-    app = SpecchatApp(backend_factory=lambda choice: FakeBackend("Speculative decoding is fast. It keeps the output the same."),
-                      store=Store(tmp_path / "chat.db"), settings_path=tmp_path / "config.toml", rewrite_file=doc)
+    backend = FakeBackend("Speculative decoding is fast. It keeps the output the same.")
+    app = SpecchatApp(backend_factory=lambda choice: backend, store=Store(tmp_path / "chat.db"),
+                      settings_path=tmp_path / "config.toml", rewrite_file=doc)
     assert snap_compare(app, terminal_size=(160, 48), run_before=run_before)

@@ -169,7 +169,7 @@ async def test_rewrite_a_file_and_save(tmp_path):
         await until(pilot, lambda: app.screen.query_one("#go").region.width > 0, "the layout")
         await pilot.click("#go")
         await until(pilot, lambda: app.screen.result is not None, "the rewrite")
-        assert backend.calls[-1][1] == "lookup"
+        assert backend.calls[-1][1] == "auto"  # lookup where the rewrite copies, plain elsewhere
         assert app.screen.result == "Rewritten paragraph."
         await pilot.press("ctrl+s")
         await pilot.pause()
@@ -206,10 +206,10 @@ async def test_another_pair_closes_the_old_backend_and_loads_a_new_one(tmp_path)
     app = SpecchatApp(backend_factory=factory, store=Store(tmp_path / "chat.db"), settings_path=tmp_path / "config.toml")
     async with app.run_test() as pilot:
         await until(pilot, lambda: app.ready, "models to load")
-        app._apply_settings(replace(app.settings, pair="smollm2-self"))
+        app.apply_settings(replace(app.settings, pair="smollm2-self"))
         await until(pilot, lambda: len(made) == 2 and app.ready, "the new pair to load")
         assert made[0][1].closed and not made[1][1].closed
         assert made[1][0].pair == "smollm2-self" and app.backend is made[1][1]
-        app._apply_settings(replace(app.settings, guesser="lookup"))  # not a pair change: nothing reloads
+        app.apply_settings(replace(app.settings, guesser="lookup"))  # not a pair change: nothing reloads
         await pilot.pause()
         assert len(made) == 2

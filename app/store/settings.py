@@ -36,6 +36,8 @@ class Settings:
     draft_length: int = 0  # 0: the guesser's default
     pair: str = ""  # "": the catalog's default pair
     offline: bool = False  # never fetch models (as HF_HUB_OFFLINE=1 does)
+    context: int = 4096  # tokens the models' context holds (more costs memory: the KV cache grows with it)
+    theme: str = ""  # "": Textual's default; set by the command palette's "Change theme"
 
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)  # raises on bad values
@@ -47,6 +49,8 @@ class Settings:
             raise SpecchatError(f"guesser must be one of {', '.join(GUESSERS)}, got {self.guesser!r}")
         if not 0 <= self.draft_length <= 32:
             raise SpecchatError(f"draft_length must be 0 to 32, got {self.draft_length}")
+        if not 256 <= self.context <= 1 << 20:
+            raise SpecchatError(f"context must be 256 to {1 << 20} tokens, got {self.context}")
 
     def generation(self, stop: tuple[str, ...] = ()) -> GenerationConfig:
         sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)

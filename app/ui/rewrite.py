@@ -1,9 +1,11 @@
-"""Document rewrite mode: pick an instruction, stream the rewrite with prompt lookup drawing
-on the document, review a diff, save next to the original (overwrite only when confirmed)."""
+"""Document rewrite mode: pick an instruction, stream the rewrite with the auto guesser (prompt
+lookup drawing on the document wherever the rewrite copies it), review a word diff, save next to
+the original (overwrite only when confirmed)."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from rich.text import Text
@@ -11,16 +13,39 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message as TMessage
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, TextArea
 
 from specchat.backend import Backend
-from specchat.documents import PRESETS, diff_lines, output_path, read_document, rewrite_messages, save, split_paragraphs
+from specchat.documents import (
+    PRESETS,
+    output_path,
+    read_document,
+    rewrite_messages,
+    save,
+    saved_form,
+    split_paragraphs,
+    word_diff,
+)
 from specchat.errors import SpecchatError
-from specchat.spec.engine import Done, Step
 from specchat.store.settings import Settings
 from specchat.ui.screens import ConfirmScreen
+from specchat.ui.streaming import GenerationBatch, Pump
 from specchat.ui.widgets import StatsPanel
+
+# The guesser rewrites run with: auto copies from the document where the rewrite follows it and
+# decodes plainly where it does not, so it never loses to plain decoding the way fixed-length
+# lookup does on a CPU.
+GUESSER = "auto"
+DIFF_STYLE = {"same": "", "removed": "strike red", "added": "bold green"}
+DIFF_MARKS = {"same": ("", ""), "removed": ("[-", "-]"), "added": ("{+", "+}")}  # as git diff --word-diff
+
+
+def _marked(run: str, kind: str) -> tuple[str, str]:
+    start, end = DIFF_MARKS[kind]
+    shown = run.replace("\n", "⏎\n") if kind != "same" and not run.strip() else run  # a joined paragraph shows
+    return start + shown + end, DIFF_STYLE[kind]
 
 CUSTOM = "custom"
 
@@ -83,64 +108,73 @@ class RewriteScreen(Screen[None]):
         self.cancel.clear()
         self.query_one("#result", TextArea).text = ""
         self.query_one("#diff-pane").display = False
-        stats = self.query_one(StatsPanel)
-        stats.reset(self.backend.name, self.backend.baseline(), "lookup")
+        self.query_one(StatsPanel).reset(self.backend.name, self.backend.baseline(), GUESSER)
         # Leave room for the answer: it is about as long as the chunk it rewrites.
-        budget = max(128, (self.backend_ctx() - 200) // 2)
+        budget = max(128, (self.backend.n_ctx - 200) // 2)
         chunks = split_paragraphs(self.original, budget, self.backend.count_tokens)
-        self._run(instruction, chunks, stats, self.query_one("#result", TextArea), budget)
+        self._run(instruction, chunks, budget)
 
-    def backend_ctx(self) -> int:
-        target = getattr(self.backend, "target", None)
-        return target.n_ctx if target is not None else 4096
+    class Progress(TMessage):
+        """From the rewrite worker, in order with its generation batches (a call_from_thread could
+        overtake batches still queued): a status line, and at the end the whole result or None."""
+
+        def __init__(self, status: str, result: str | None = None, finished: bool = False) -> None:
+            super().__init__()
+            self.status, self.result, self.finished = status, result, finished
 
     @work(thread=True, exclusive=True, group="rewrite")
-    def _run(self, instruction: str, chunks: list[str], stats: StatsPanel, result_box: TextArea,
-             budget: int) -> None:
+    def _run(self, instruction: str, chunks: list[str], budget: int) -> None:
         results: list[str] = []
-        config = self.settings.generation()
-        config = type(config)(config.sampling, budget + 64, config.draft_length, ())
+        config = replace(self.settings.generation(), max_tokens=budget + 64, stop=())
         for n, chunk in enumerate(chunks, 1):
-            self.app.call_from_thread(self._set_status, f"rewriting part {n} of {len(chunks)}… (Esc stops)")
-            done = None
-            try:
-                for event in self.backend.chat(rewrite_messages(instruction, chunk), config, "lookup", self.cancel):
-                    if isinstance(event, Step):
-                        self.app.call_from_thread(stats.add, [event])
-                        if event.text:
-                            self.app.call_from_thread(result_box.insert, event.text, result_box.document.end)
-                    elif isinstance(event, Done):
-                        done = event
-            except SpecchatError as e:
-                self.app.call_from_thread(self._set_status, f"error: {e}")
-                break
+            self.post_message(self.Progress(f"rewriting part {n} of {len(chunks)}… (Esc stops)"))
+            done = Pump(self).run(self.backend.chat(rewrite_messages(instruction, chunk), config, GUESSER,
+                                                    self.cancel))
             if done is None or done.reason == "cancelled":
-                self.app.call_from_thread(self._set_status, "stopped: nothing was saved")
-                break
+                self.post_message(self.Progress("stopped: nothing was saved" if done else "", finished=True))
+                return
             results.append(done.text.strip())
-            if n < len(chunks):
-                self.app.call_from_thread(result_box.insert, "\n\n", result_box.document.end)
-        else:
-            self.app.call_from_thread(self._finished, "\n\n".join(results), stats)
-        self.app.call_from_thread(setattr, self, "running", False)
+        self.post_message(self.Progress("", "\n\n".join(results), finished=True))
+
+    def on_rewrite_screen_progress(self, message: Progress) -> None:
+        if message.status:
+            self._set_status(message.status)
+        if message.result is not None:
+            self._finished(message.result)
+        if message.finished:
+            self.running = False
+
+    async def on_generation_batch(self, batch: GenerationBatch) -> None:
+        try:
+            if batch.steps:
+                self.query_one(StatsPanel).add(batch.steps)
+                self._append("".join(step.text for step in batch.steps))
+            if batch.done is not None and batch.done.reason != "cancelled":
+                self._append("\n\n")  # between parts; the finished rewrite replaces it all
+            if batch.error is not None:
+                self._set_status(f"error: {batch.error}")  # the worker's next message keeps it
+        finally:
+            batch.handled()
+
+    def _append(self, text: str) -> None:
+        box = self.query_one("#result", TextArea)
+        box.insert(text, box.document.end)
 
     def _set_status(self, text: str) -> None:
         self.query_one("#rewrite-status", Static).update(text)
 
-    def _finished(self, text: str, stats: StatsPanel) -> None:
+    def _finished(self, text: str) -> None:
         self.result = text
         self.query_one("#result", TextArea).text = text
-        diff = Text()
-        for line in diff_lines(self.original, text, self.path.name):
-            style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
-            diff.append(line + "\n", style=style)
-        self.query_one("#diff", Static).update(diff)
+        self.query_one("#diff", Static).update(Text.assemble(*(_marked(run, kind)
+                                                                for run, kind in word_diff(self.original, saved_form(text)))))
         self.query_one("#diff-pane").display = True
-        tokens, tps = stats.totals.n_tokens, stats.totals.tokens_per_s
+        totals = self.query_one(StatsPanel).totals
         base = self.backend.baseline()
-        speed = f"{tps:.1f} tok/s" + (f", {tps / base.tokens_per_s:.2f}x plain decoding" if base else "")
-        self._set_status(f"done: {tokens} tokens, {speed} with prompt lookup. Ctrl+S saves a new file, "
-                         "Ctrl+W overwrites the original")
+        speed = f"{totals.tokens_per_s:.1f} tok/s" + (f", {totals.tokens_per_s / base.tokens_per_s:.2f}x plain decoding"
+                                                      if base else "")
+        self._set_status(f"done: {totals.n_tokens} tokens, {speed} ({GUESSER}, {totals.tokens_per_step:.2f} tok/step). "
+                         "Ctrl+S saves a new file, Ctrl+W overwrites the original")
 
     def action_save(self) -> None:
         if self.result is None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
+from textual.suggester import Suggester
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
 from specchat.errors import SpecchatError
@@ -57,17 +60,39 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(False)
 
 
+class PathSuggester(Suggester):
+    """Completes a file path as it is typed (→ accepts), like a shell's Tab."""
+
+    def __init__(self) -> None:
+        super().__init__(use_cache=False, case_sensitive=True)
+
+    async def get_suggestion(self, value: str) -> str | None:
+        if not value:
+            return None
+        typed = Path(value).expanduser()
+        folder, stem = (typed, "") if value.endswith(("/", os.sep)) else (typed.parent, typed.name)
+        try:
+            names = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in os.scandir(folder)
+                           if entry.name.startswith(stem) and (stem.startswith(".") or not entry.name.startswith(".")))
+        except OSError:
+            return None
+        return value + names[0][len(stem):] if names else None
+
+
 class PromptScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, title: str, value: str = "") -> None:
+    def __init__(self, title: str, value: str = "", complete_paths: bool = False) -> None:
         super().__init__()
         self.title_text, self.value = title, value
+        self.suggester = PathSuggester() if complete_paths else None
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(self.title_text, classes="dialog-title")
-            yield Input(self.value, id="prompt-input")
+            yield Input(self.value, id="prompt-input", suggester=self.suggester)
+            if self.suggester is not None:
+                yield Static("→ completes the path", classes="hint")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)
@@ -121,7 +146,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
             with Grid(classes="numbers"):
                 for key, label in (("temperature", "Temperature"), ("top_p", "Top-p"), ("top_k", "Top-k"),
                                    ("min_p", "Min-p"), ("max_tokens", "Max tokens"),
-                                   ("draft_length", "Draft length (0 = default)")):
+                                   ("draft_length", "Draft length (0 = default)"),
+                                   ("context", "Context size (tokens)")):
                     yield Label(label)
                     yield Input(str(getattr(s, key)), id=key)
             yield Label("System prompt")
@@ -143,7 +169,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
         values: dict[str, object] = {}
         try:
             for key, kind in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float),
-                              ("max_tokens", int), ("draft_length", int)):
+                              ("max_tokens", int), ("draft_length", int), ("context", int)):
                 raw = self.query_one(f"#{key}", Input).value.strip()
                 try:
                     values[key] = kind(raw)

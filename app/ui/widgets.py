@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+from markdown_it import MarkdownIt
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Markdown, Sparkline, Static
+from textual.widgets import Markdown, Static
 
 from specchat.backend import Baseline
 from specchat.spec.engine import Source, Stats, Step
@@ -33,6 +34,20 @@ def summary_line(stats: Stats, guesser: str, reason: str) -> str:
     ending = f"  [{ENDINGS[reason]}]" if reason in ENDINGS else ""
     return (f"{stats.n_tokens} tokens · {stats.decode_s:.1f}s · {stats.tokens_per_s:.1f} tok/s · "
             f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%} · {guesser}{ending}")
+
+
+SPARK = " ▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[int], top: int) -> str:
+    """One row of bars scaled from 0 to `top`, so equal steps look equal and 1 token looks small."""
+    return "".join(SPARK[round(8 * min(v, top) / top)] if v else SPARK[0] for v in values)
+
+
+def code_blocks(markdown: str) -> list[tuple[str, str]]:
+    """The fenced and indented code blocks of a Markdown text: (language, code), in order."""
+    return [(token.info.strip(), token.content) for token in MarkdownIt("gfm-like").parse(markdown)
+            if token.type in ("fence", "code_block")]
 
 
 class MessageView(Vertical):
@@ -72,8 +87,10 @@ class MessageView(Vertical):
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+        streamed = self.content
         self.content, self.summary, self.status = content, summary, status
-        await self.query_one(Markdown).update(content)
+        if content != streamed:  # the stream already shows it all, unless the end was held back
+            await self.query_one(Markdown).update(content)
         self.query_one(".summary", Static).update(summary)
         self.query_one(".summary").display = True
         self.query_one(".role", Static).update("Assistant" + STATUS_LABELS.get(status, ""))
@@ -96,11 +113,12 @@ class StatsPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("Speculation", classes="title")
         yield Static("", id="numbers")
-        yield Static("tokens per step", classes="caption")
-        yield Sparkline([], id="spark")
+        yield Static("tokens per step", classes="caption", id="spark-caption")
+        yield Static("", id="spark")
         yield Static("accepted run lengths", classes="caption")
         yield Static("", id="runs")
         yield Static("", id="baseline")
+        yield Static("", id="attached")
         yield Static(LEGEND, id="legend")
 
     def on_mount(self) -> None:
@@ -113,6 +131,12 @@ class StatsPanel(Vertical):
         self.ttft: float | None = None
         self.prefill_s = 0.0
         self._show()
+
+    def attached(self, files: list[tuple[str, int]]) -> None:
+        """Files going with the next message: prompt lookup copies from them."""
+        self.query_one("#attached", Static).update(
+            "\n".join(["attached (lookup copies from these)"] + [f"  {name}  {size:,} chars" for name, size in files])
+            if files else "")
 
     def prefill(self, seconds: float) -> None:
         self.prefill_s = seconds
@@ -141,7 +165,12 @@ class StatsPanel(Vertical):
             f"speedup   {t.tokens_per_s / base:6.2f}x" if steps and base else "speedup        –",
         ]
         self.query_one("#numbers", Static).update("\n".join(lines))
-        self.query_one("#spark", Sparkline).data = [len(s.tokens) for s in steps[-60:]] or [0]
+        # The last steps that fit, on a fixed scale: none yet is an empty chart, not a full one.
+        recent = [len(s.tokens) for s in steps[-28:]]
+        top = max([*recent, 2])
+        self.query_one("#spark-caption", Static).update(f"tok/step, last {len(recent)} (top {top})"
+                                                         if recent else "tokens per step")
+        self.query_one("#spark", Static).update(sparkline(recent, top) if recent else "·")
         runs = Counter(s.accepted for s in steps if s.drafted)
         top = max(runs.values(), default=1)
         self.query_one("#runs", Static).update(
