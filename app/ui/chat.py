@@ -308,6 +308,8 @@ class ChatScreen(Screen[None]):
             if time.monotonic() - self._saved >= _SAVE_INTERVAL_S:
                 store.update_message(answer_id, view.content)
                 self._saved = time.monotonic()
+        if batch.last:
+            stats.flush()
         if batch.done is not None:
             done = batch.done
             status = "stopped" if done.reason == "cancelled" else "complete"

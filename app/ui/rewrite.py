@@ -149,6 +149,8 @@ class RewriteScreen(Screen[None]):
             if batch.steps:
                 self.query_one(StatsPanel).add(batch.steps)
                 self._append("".join(step.text for step in batch.steps))
+            if batch.last:
+                self.query_one(StatsPanel).flush()
             if batch.done is not None and batch.done.reason != "cancelled":
                 self._append("\n\n")  # between parts; the finished rewrite replaces it all
             if batch.error is not None:

@@ -2,9 +2,11 @@
 
 The worker never waits for the UI: it posts a `GenerationBatch` message (Textual's post_message
 is thread-safe) and goes straight back to decoding. A new batch is posted only once the UI has
-handled the previous one, and no sooner than `interval` after it, so the UI draws at a rate
-bounded by what drawing costs, the message queue never grows, and whatever the engine produced
-meanwhile goes into the next batch. The chat and the rewrite screen both run generations this way.
+handled the previous one, and no sooner than `interval` after it, so the message queue never
+grows and whatever the engine produced meanwhile goes into the next batch. The interval follows
+what drawing costs: it grows until the UI thread (handling, layout, rendering) uses at most
+UI_SHARE of a core, because on a small CPU every cycle it takes is one llama.cpp's threads lose.
+The chat and the rewrite screen both run generations this way.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from specchat.backend import BackendEvent, Notice
 from specchat.errors import SpecchatError
 from specchat.spec.engine import Done, Prefill, Step
 
-DRAW_INTERVAL_S = 0.1  # at most ten redraws a second: the eye sees no difference, llama.cpp's threads do
+DRAW_INTERVAL_S = 0.1, 1.0  # redraw at most ten times a second, and at least once a second
+UI_SHARE = 0.05  # of a core, for the UI thread while an answer streams
 
 
 class GenerationBatch(Message):
@@ -38,15 +41,26 @@ class GenerationBatch(Message):
         return self.done is not None or self.error is not None
 
     def handled(self) -> None:
-        self.pump.ready.set()
+        """Called on the UI thread: the next batch may go out (after the interval)."""
+        self.pump.ui_done(time.thread_time(), time.monotonic())
 
 
 class Pump:
     """Moves one generation's events from a worker thread to `target`, in batches."""
 
-    def __init__(self, target: MessagePump, interval: float = DRAW_INTERVAL_S) -> None:
-        self.target, self.interval = target, interval
+    def __init__(self, target: MessagePump) -> None:
+        self.target, self.interval = target, DRAW_INTERVAL_S[0]
         self.ready = threading.Event()  # the UI has handled the last batch
+        self.ready.set()
+        self._ui_clock: tuple[float, float] | None = None  # the UI thread's CPU time and the wall time
+
+    def ui_done(self, cpu: float, wall: float) -> None:
+        """The UI handled a batch: adjust the interval to the share of a core it used since the last."""
+        if self._ui_clock is not None and wall > self._ui_clock[1]:
+            share = (cpu - self._ui_clock[0]) / (wall - self._ui_clock[1])
+            low, high = DRAW_INTERVAL_S
+            self.interval = min(high, max(low, self.interval * (share / UI_SHARE) ** 0.5))
+        self._ui_clock = cpu, wall
         self.ready.set()
 
     def run(self, events: Iterable[BackendEvent]) -> Done | None:

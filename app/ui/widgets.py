@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 from markdown_it import MarkdownIt
@@ -37,6 +38,9 @@ def summary_line(stats: Stats, guesser: str, reason: str) -> str:
 
 
 SPARK = " ▁▂▃▄▅▆▇█"
+# The numbers need not move faster than this while an answer streams: every redraw of the panel
+# relayouts the screen, which on a 2-core CPU slows the decoding it reports on.
+SHOW_INTERVAL_S = 0.5
 
 
 def sparkline(values: list[int], top: int) -> str:
@@ -110,6 +114,8 @@ class MessageView(Vertical):
 class StatsPanel(Vertical):
     """Speculation, live: speed, tokens per step, acceptance, draft length, measured speedup."""
 
+    _shown_at = float("-inf")
+
     def compose(self) -> ComposeResult:
         yield Static("Speculation", classes="title")
         yield Static("", id="numbers")
@@ -142,14 +148,20 @@ class StatsPanel(Vertical):
         self.prefill_s = seconds
 
     def add(self, steps: list[Step]) -> None:
+        """Count the steps; redraw at most every SHOW_INTERVAL_S (call `flush` at the end)."""
         if self.ttft is None and steps:
             self.ttft = self.prefill_s + steps[0].draft_s + steps[0].verify_s
         self.steps += steps
         for step in steps:
             self.totals = self.totals.add_step(step)
+        if time.monotonic() - self._shown_at >= SHOW_INTERVAL_S:
+            self._show()
+
+    def flush(self) -> None:
         self._show()
 
     def _show(self) -> None:
+        self._shown_at = time.monotonic()
         steps, t = self.steps, self.totals
         base = self.baseline.tokens_per_s if self.baseline else 0.0
         lines = [
