@@ -54,8 +54,9 @@ class RewriteScreen(Screen[None]):
     BINDINGS = [Binding("ctrl+r", "start", "Rewrite"), Binding("escape", "stop_or_close", "Stop / back"),
                 Binding("ctrl+s", "save", "Save new file"), Binding("ctrl+w", "overwrite", "Overwrite original")]
 
-    def __init__(self, path: Path, backend: Backend | None, settings: Settings) -> None:
+    def __init__(self, path: Path, backend: Backend | None, settings: Settings, guesser: str = GUESSER) -> None:
         super().__init__()
+        self.guesser = guesser  # bench/rewrite runs plain decoding ("none") through the same screen
         if backend is None:
             raise SpecchatError("the models are still loading; open the document again in a moment")
         self.path, self.backend, self.settings = path, backend, settings
@@ -108,7 +109,7 @@ class RewriteScreen(Screen[None]):
         self.cancel.clear()
         self.query_one("#result", TextArea).text = ""
         self.query_one("#diff-pane").display = False
-        self.query_one(StatsPanel).reset(self.backend.name, self.backend.baseline(), GUESSER)
+        self.query_one(StatsPanel).reset(self.backend.name, self.backend.baseline(), self.guesser)
         # Leave room for the answer: it is about as long as the chunk it rewrites.
         budget = max(128, (self.backend.n_ctx - 200) // 2)
         chunks = split_paragraphs(self.original, budget, self.backend.count_tokens)
@@ -128,7 +129,7 @@ class RewriteScreen(Screen[None]):
         config = replace(self.settings.generation(), max_tokens=budget + 64, stop=())
         for n, chunk in enumerate(chunks, 1):
             self.post_message(self.Progress(f"rewriting part {n} of {len(chunks)}… (Esc stops)"))
-            done = Pump(self).run(self.backend.chat(rewrite_messages(instruction, chunk), config, GUESSER,
+            done = Pump(self).run(self.backend.chat(rewrite_messages(instruction, chunk), config, self.guesser,
                                                     self.cancel))
             if done is None or done.reason == "cancelled":
                 self.post_message(self.Progress("stopped: nothing was saved" if done else "", finished=True))
@@ -175,7 +176,7 @@ class RewriteScreen(Screen[None]):
         base = self.backend.baseline()
         speed = f"{totals.tokens_per_s:.1f} tok/s" + (f", {totals.tokens_per_s / base.tokens_per_s:.2f}x plain decoding"
                                                       if base else "")
-        self._set_status(f"done: {totals.n_tokens} tokens, {speed} ({GUESSER}, {totals.tokens_per_step:.2f} tok/step). "
+        self._set_status(f"done: {totals.n_tokens} tokens, {speed} ({self.guesser}, {totals.tokens_per_step:.2f} tok/step). "
                          "Ctrl+S saves a new file, Ctrl+W overwrites the original")
 
     def action_save(self) -> None:
