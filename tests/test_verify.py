@@ -81,3 +81,25 @@ def test_greedy_one_hot_through_general_rule_matches_greedy_rule():
     draft = np.eye(4)[[2, 0]]
     v = verify([2, 0], draft, target, np.random.default_rng(0))
     assert (v.n_accepted, v.token) == (1, 1)
+
+
+@pytest.mark.parametrize("draft_width", [4, 6, 9])  # narrower than the target, equal, wider
+def test_drafts_with_another_vocabulary_size_reproduce_the_target(draft_width):
+    """A draft whose vocabulary is shorter (tokens only the target has get q = 0) or longer (tokens
+    the target cannot emit, which are drafted and must be rejected) than the target's: the output
+    is still distributed as p, and acceptance is sum(min(p, q)) over the shared tokens."""
+    rng = np.random.default_rng(draft_width)
+    q = np.resize(Q_BAD, draft_width) if draft_width != len(P) else Q_BAD.copy()
+    q = q / q.sum()
+    target = np.stack([P, P])
+    out, accepted = [], 0
+    for _ in range(N):
+        x = int(rng.choice(draft_width, p=q))
+        v = verify([x], q[None], target, rng)
+        accepted += v.n_accepted
+        out.append(x if v.n_accepted else v.token)
+    out = np.array(out)
+    assert out.max() < len(P)  # never a token the target cannot emit
+    assert 0.5 * np.abs(_first_token_frequencies(out) - P).sum() < 0.01
+    shared = min(draft_width, len(P))
+    assert accepted / N == pytest.approx(np.minimum(P[:shared], q[:shared]).sum(), abs=0.01)

@@ -44,10 +44,13 @@ def verify(
     for i, x in enumerate(draft_tokens):
         p = target_probs[i]
         q_x = 1.0 if draft_probs is None else draft_probs[i, x]
+        # A draft's vocabulary may be wider than the target's: a token past the target's end is
+        # one the target cannot emit, p(x) = 0, and is rejected.
+        p_x = p[x] if x < len(p) else 0.0
         # p >= q accepts with certainty: skip the draw so that greedy runs consume no randomness.
         # But never a token the target cannot emit: with q(x) = 0 too, p >= q held and a token
         # of target probability 0 was accepted (min(1, p/q) is 0/0 there; the target decides).
-        if (p[x] >= q_x and p[x] > 0) or rng.random() * q_x < p[x]:
+        if (p_x >= q_x and p_x > 0) or rng.random() * q_x < p_x:
             continue
         return Verdict(i, sample(_residual(p, None if draft_probs is None else draft_probs[i], x), rng))
     return Verdict(k, sample(target_probs[k], rng))
@@ -64,8 +67,12 @@ def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> 
 def _residual(p: np.ndarray, q: np.ndarray | None, x: int) -> np.ndarray:
     if q is None:
         residual = p.copy()
-        residual[x] = 0.0
+        if x < len(p):
+            residual[x] = 0.0
     else:
+        # Over the union of both vocabularies: where only the target has a token, q is 0; where only
+        # the draft has one, p is 0 and max(p - q, 0) is 0, so those columns drop out.
+        q = q[:len(p)] if len(q) >= len(p) else np.pad(q, (0, len(p) - len(q)))
         residual = np.maximum(p - q, 0.0)
     total = residual.sum()
     # Only reachable through rounding (a rejection implies p(x) < q(x), so mass exists above q);
