@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import re
 import threading
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from specchat.errors import ContextFull
+from specchat.errors import ContextFull, SpecchatError
 from specchat.llama.model import Model
 from specchat.llama.template import ChatPrompter, Message
 from specchat.spec.engine import Done, Engine, GenerationConfig, Prefill, Source, Step
@@ -201,3 +202,21 @@ def test_one_message_longer_than_the_context_is_a_clear_error(smol_path, tmp_pat
     with pytest.raises(SpecchatError, match="context holds 256"):
         list(backend.chat([Message("user", "word " * 400)], GenerationConfig(max_tokens=8), "none",
                           threading.Event()))
+
+
+def test_a_draft_length_past_the_batch_is_one_clear_error(smol):
+    prompt = smol.tokenize("Hello", add_bos=True)
+    with pytest.raises(SpecchatError, match=f"does not fit llama.cpp's batch of {smol.n_batch} tokens"):
+        list(Engine(smol, LookupGuesser()).generate(prompt, GenerationConfig(max_tokens=4, draft_length=smol.n_batch)))
+
+
+def test_pieces_longer_than_the_buffer_come_back_whole(smol):
+    """A vocabulary entry is usually a few bytes, but nothing stops a GGUF from holding longer ones
+    than the buffer: the piece is then read through a buffer of the size llama.cpp asks for."""
+    longest = max(range(smol.n_vocab), key=lambda t: len(smol.piece(t, special=True)))
+    expected = smol.piece(longest, special=True)
+    buffer, smol._piece_buf = smol._piece_buf, ctypes.create_string_buffer(2)  # shorter than that piece
+    try:
+        assert len(expected) > 2 and smol.piece(longest, special=True) == expected
+    finally:
+        smol._piece_buf = buffer

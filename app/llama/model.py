@@ -154,6 +154,10 @@ class Model:
         """The bytes a token stands for (possibly part of a UTF-8 character); control tokens
         such as <|im_end|> are empty unless `special`."""
         n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        if n < 0:  # llama.cpp says how many bytes the piece needs: a longer buffer for this one
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            return buf.raw[:n]
         return self._piece_buf.raw[:n]
 
     def token_text(self, token: int) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 
-from specchat.errors import ContextFull
+from specchat.errors import ContextFull, SpecchatError
 from specchat.spec.guessers import Guesser, NoGuesser
 from specchat.spec.sampling import SamplingConfig, logits_to_probs
 from specchat.spec.textstream import TextStream
@@ -150,6 +150,9 @@ class Engine:
         sampling = config.sampling
         rng = np.random.default_rng(sampling.seed)
         k_max = self.guesser.default_draft_length if config.draft_length is None else config.draft_length
+        if k_max + 1 > self.target.n_batch:  # the guesses and the pending token are verified in one batch
+            raise SpecchatError(f"the draft length {k_max} does not fit llama.cpp's batch of {self.target.n_batch} "
+                                f"tokens; use at most {self.target.n_batch - 1}")
         session = self.target.session
         text = TextStream(config.stop)
 
