@@ -166,7 +166,7 @@ async def test_rewrite_a_file_and_save(tmp_path):
     app = make_app(tmp_path, backend, rewrite_file=doc)
     async with app.run_test(size=(140, 40)) as pilot:
         await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
-        await until(pilot, lambda: app.screen.query_one("#go").region.width > 0, "the layout")
+        await until(pilot, lambda: any(go.region.width > 0 for go in app.screen.query("#go")), "the layout")
         await pilot.click("#go")
         await until(pilot, lambda: app.screen.result is not None, "the rewrite")
         assert backend.calls[-1][1] == "auto"  # lookup where the rewrite copies, plain elsewhere

@@ -56,6 +56,7 @@ class ChatInput(TextArea):
     BINDINGS = [
         Binding("enter", "submit", "Send", show=False, priority=True),
         Binding("shift+enter,ctrl+j", "newline", "New line", show=False, priority=True),
+        # These replace TextArea's own up/down bindings, so they move the cursor when not recalling.
         Binding("up", "history(-1)", "Previous prompt", show=False, priority=True),
         Binding("down", "history(1)", "Next prompt", show=False, priority=True),
     ]
@@ -70,11 +71,6 @@ class ChatInput(TextArea):
         self.sent: list[str] = []
         self._recalled: int | None = None  # the history entry on show, while it is unedited
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "history":  # otherwise ↑/↓ move the cursor, as in any text box
-            return self.text == "" or (self._recalled is not None and self.text == self.sent[self._recalled])
-        return True
-
     def action_submit(self) -> None:
         self.post_message(self.Submitted(self.text))
 
@@ -82,7 +78,9 @@ class ChatInput(TextArea):
         self.insert("\n")
 
     def action_history(self, direction: int) -> None:
-        if not self.sent:
+        recalling = self.text == "" or (self._recalled is not None and self.text == self.sent[self._recalled])
+        if not recalling or not self.sent:  # text of one's own: ↑/↓ move the cursor, as in any text box
+            self.action_cursor_up() if direction < 0 else self.action_cursor_down()
             return
         at = len(self.sent) if self._recalled is None else self._recalled
         at = max(0, min(len(self.sent), at + direction))
@@ -238,7 +236,7 @@ class ChatScreen(Screen[None]):
     # --- chatting -------------------------------------------------------------------------
 
     @on(ChatInput.Submitted)
-    def _submitted(self, event: ChatInput.Submitted) -> None:
+    async def _submitted(self, event: ChatInput.Submitted) -> None:
         text = event.text.strip()
         if not text:
             return
@@ -248,6 +246,7 @@ class ChatScreen(Screen[None]):
         if not self.chat_app.ready:
             self.notify("The models are still loading", severity="warning")
             return
+        self.busy = True  # from here on: the awaits below must not let a second generation in
         box = self.query_one("#input", ChatInput)
         box.remember(text)
         box.clear()
@@ -258,16 +257,19 @@ class ChatScreen(Screen[None]):
             self.refresh_conversations()
         content = attach(text, self.attachments)
         self.attachments = []
+        self.query_one(StatsPanel).attached([])
         store.add_message(self.conversation_id, "user", content)
-        self.query_one("#chat").mount(MessageView("user", content))
-        self.answer()
+        await self.query_one("#chat").mount(MessageView("user", content))
+        await self.answer()
 
-    def answer(self) -> None:
+    async def answer(self) -> None:
         app = self.chat_app
         assert self.conversation_id is not None and app.backend is not None
         view = MessageView("assistant")
         chat = self.query_one("#chat", VerticalScroll)
-        chat.mount(view)
+        # Mounted before anything streams into it: the Markdown body's first (empty) render, run on
+        # mount, would otherwise land after the first blocks and show them twice.
+        await chat.mount(view)
         chat.anchor()
         self.busy = True
         self.cancel.clear()
@@ -346,14 +348,15 @@ class ChatScreen(Screen[None]):
         messages = store.messages(self.conversation_id) if self.conversation_id else []
         return next((m for m in reversed(messages) if m.role == role), None), messages
 
-    def action_regenerate(self) -> None:
+    async def action_regenerate(self) -> None:
         last, messages = self._last("assistant")
         if last is None or messages[-1].id != last.id:
             self.notify("Nothing to regenerate")
             return
+        self.busy = True
         self.chat_app.store.delete_message(last.id)
-        self.query(MessageView).last().remove()
-        self.answer()
+        await self.query(MessageView).last().remove()
+        await self.answer()
 
     def action_edit_last(self) -> None:
         last_user, messages = self._last("user")
