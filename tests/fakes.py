@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterator, Sequence
 
 from specchat.backend import BackendEvent, Baseline, Notice
 from specchat.llama.template import Message
 from specchat.spec.engine import Done, GenerationConfig, Prefill, Source, Stats, Step, Token
+
+PAUSE_S = 10.0  # the longest a paused generation waits for a cancel or a resume
 
 
 class FakeBackend:
@@ -16,19 +19,47 @@ class FakeBackend:
     n_ctx = 4096
 
     def __init__(self, answer: str = "Hello **world**, this is a scripted answer.",
-                 pause_after: int | None = None, notice: str | None = None) -> None:
+                 pause_after: int | None = None, notice: str | None = None,
+                 load_gate: threading.Event | None = None) -> None:
         self.answer = answer
         self.notice = notice  # yielded before the answer, as the real backend does when it drops turns
-        self.pause_after = pause_after  # steps after which generation waits for a cancel
+        self.pause_after = pause_after  # steps after which each generation waits for a cancel or a resume
         self.calls: list[tuple[list[Message], str]] = []
-        self.paused = threading.Event()
+        self.paused = threading.Event()  # some generation has paused
+        self.pauses = 0  # how many times a generation has paused
+        self._resume = threading.Semaphore(0)
         self.closed = False
+        self.last_done: Done | None = None
+        # As in EngineBackend: a lock held for the whole of a generation, which close() waits for.
+        self.lock = threading.Lock()
+        self.running = 0  # generations begun and not yet done (counted before they take the lock)
+        self.max_running = 0
+        self.log: list[str] = []  # "start", "done", "end" (the generator is over) and "close", in order
+        self._count = threading.Lock()
+        self.load_gate = load_gate  # when given, load() reports a step without a size and waits for it
+        self.loading = threading.Event()  # load() is waiting on load_gate
+
+    def _note(self, what: str, running: int = 0) -> None:
+        with self._count:
+            self.running += running
+            self.max_running = max(self.max_running, self.running)
+            self.log.append(what)
+
+    def resume(self) -> None:
+        """Let a paused generation go on without a cancel (or the next one pass its pause)."""
+        self._resume.release()
 
     def load(self, progress) -> None:
+        if self.load_gate is not None:
+            progress("loading fake models", 0, 1)  # as EngineBackend does while it loads
+            self.loading.set()
+            self.load_gate.wait(PAUSE_S)
         progress("loading fake models", 1, 1)
 
     def close(self) -> None:
-        self.closed = True
+        with self.lock:  # as EngineBackend: only once any running generation has ended
+            self.closed = True
+            self._note("close")
 
     def baseline(self) -> Baseline:
         return Baseline(25.0, "fixed by the test")
@@ -39,6 +70,31 @@ class FakeBackend:
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
              cancel: threading.Event) -> Iterator[BackendEvent]:
         self.calls.append((list(messages), guesser))
+        self._note("start", +1)
+        done = False
+        try:
+            with self.lock:
+                for event in self._generate(cancel):
+                    if isinstance(event, Done):
+                        self.last_done, done = event, True
+                        # Over, as far as the engine goes: what follows is the consumer closing the generator.
+                        self._note("done", -1)
+                    yield event
+        finally:
+            if not done:
+                self._note("done", -1)
+            self._note("end")
+
+    def _wait(self, cancel: threading.Event) -> None:
+        with self._count:
+            self.pauses += 1
+        self.paused.set()
+        deadline = time.monotonic() + PAUSE_S
+        while not cancel.is_set() and time.monotonic() < deadline:
+            if self._resume.acquire(timeout=0.01):
+                return
+
+    def _generate(self, cancel: threading.Event) -> Iterator[BackendEvent]:
         if self.notice:
             yield Notice(self.notice)
         yield Prefill(12, 0, 0.05)
@@ -47,8 +103,7 @@ class FakeBackend:
         stats, text, ids = Stats(n_prompt=12, prefill_s=0.05), "", []
         for n, start in enumerate(range(0, len(words), 3)):
             if self.pause_after is not None and n == self.pause_after:
-                self.paused.set()
-                cancel.wait(10)
+                self._wait(cancel)
             if cancel.is_set():
                 yield Done("cancelled", text, tuple(ids), stats)
                 return

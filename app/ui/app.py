@@ -161,7 +161,7 @@ class SpecchatApp(App[None]):
         except OSError as e:  # the setting still applies to this session
             self.notify(f"could not save the settings: {e.strerror or e}", severity="error", timeout=10)
         self.chat.status(f"guesser {settings.guesser}")
-        if self.backend is not None and self.ready:
+        if self.backend is not None and self.ready and not self.chat.busy:  # a streaming answer keeps its figures
             self.chat.query_one(StatsPanel).reset(self.backend.name, self.backend.baseline(), settings.guesser)
         if reload:
             self.load_backend()

@@ -51,15 +51,11 @@ class ConversationItem(ListItem):
 
 class ChatInput(TextArea):
     """Enter sends; Shift+Enter (or Ctrl+J, for terminals that can't tell them apart) is a newline;
-    ↑ and ↓ in an empty box (or on a recalled prompt) walk through the prompts sent before."""
+    ↑ and ↓ in an empty box (or on a recalled prompt) walk through the prompts sent before.
 
-    BINDINGS = [
-        Binding("enter", "submit", "Send", show=False, priority=True),
-        Binding("shift+enter,ctrl+j", "newline", "New line", show=False, priority=True),
-        # These replace TextArea's own up/down bindings, so they move the cursor when not recalling.
-        Binding("up", "history(-1)", "Previous prompt", show=False, priority=True),
-        Binding("down", "history(1)", "Next prompt", show=False, priority=True),
-    ]
+    These keys are handled in `on_key`, in order with the characters typed before them: as
+    bindings they would run as soon as the App saw them, ahead of characters still queued for
+    the box, and a fast typist's (or a paste's) newlines would land in the wrong place."""
 
     class Submitted(TMessage):
         def __init__(self, text: str) -> None:
@@ -71,17 +67,21 @@ class ChatInput(TextArea):
         self.sent: list[str] = []
         self._recalled: int | None = None  # the history entry on show, while it is unedited
 
-    def action_submit(self) -> None:
-        self.post_message(self.Submitted(self.text))
-
-    def action_newline(self) -> None:
-        self.insert("\n")
-
-    def action_history(self, direction: int) -> None:
-        recalling = self.text == "" or (self._recalled is not None and self.text == self.sent[self._recalled])
-        if not recalling or not self.sent:  # text of one's own: ↑/↓ move the cursor, as in any text box
-            self.action_cursor_up() if direction < 0 else self.action_cursor_down()
+    async def on_key(self, event: events.Key) -> None:
+        # prevent_default keeps TextArea's own handling (inserting a newline) from running too.
+        if event.key == "enter":
+            self.post_message(self.Submitted(self.text))
+        elif event.key in ("shift+enter", "ctrl+j"):
+            self.insert("\n")
+        elif event.key in ("up", "down") and self.sent and (
+                self.text == "" or (self._recalled is not None and self.text == self.sent[self._recalled])):
+            self._recall(-1 if event.key == "up" else 1)
+        else:  # text of one's own: up/down move the cursor (TextArea's bindings), as in any text box
             return
+        event.prevent_default()
+        event.stop()
+
+    def _recall(self, direction: int) -> None:
         at = len(self.sent) if self._recalled is None else self._recalled
         at = max(0, min(len(self.sent), at + direction))
         self._recalled = at if at < len(self.sent) else None
@@ -246,7 +246,7 @@ class ChatScreen(Screen[None]):
         if not self.chat_app.ready:
             self.notify("The models are still loading", severity="warning")
             return
-        self.busy = True  # from here on: the awaits below must not let a second generation in
+        self.busy, self.cancel = True, threading.Event()  # from here: no second generation, and Esc counts
         box = self.query_one("#input", ChatInput)
         box.remember(text)
         box.clear()
@@ -272,7 +272,6 @@ class ChatScreen(Screen[None]):
         await chat.mount(view)
         chat.anchor()
         self.busy = True
-        self.cancel.clear()
         settings = app.settings
         self.query_one(StatsPanel).reset(app.backend.name, app.backend.baseline(), settings.guesser)
         self.status(f"generating with {settings.guesser}… (Esc stops)")
@@ -353,7 +352,7 @@ class ChatScreen(Screen[None]):
         if last is None or messages[-1].id != last.id:
             self.notify("Nothing to regenerate")
             return
-        self.busy = True
+        self.busy, self.cancel = True, threading.Event()
         self.chat_app.store.delete_message(last.id)
         await self.query(MessageView).last().remove()
         await self.answer()

@@ -50,7 +50,7 @@ def sparkline(values: list[int], top: int) -> str:
 
 def code_blocks(markdown: str) -> list[tuple[str, str]]:
     """The fenced and indented code blocks of a Markdown text: (language, code), in order."""
-    return [(token.info.strip(), token.content) for token in MarkdownIt("gfm-like").parse(markdown)
+    return [(token.info.strip(), token.content.rstrip("\n")) for token in MarkdownIt("gfm-like").parse(markdown)
             if token.type in ("fence", "code_block")]
 
 

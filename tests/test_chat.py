@@ -1,0 +1,479 @@
+"""The chat screen's features and its concurrency guarantees, driven by Textual's Pilot on the
+scripted backend: never two generations at once, prompt history, copying code, the context
+meter, attaching files, search, the remembered theme and the speculation chart."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+from fakes import FakeBackend
+from test_ui import answered, make_app, send, until
+from textual.widgets import Input, ListView, Markdown, ProgressBar, Static
+from textual.widgets.markdown import MarkdownFence
+
+from specchat.llama.template import Message
+from specchat.loader import ModelChoice
+from specchat.store.conversations import Store
+from specchat.store.settings import load_settings
+from specchat.ui.app import SpecchatApp
+from specchat.ui.chat import ChatInput, ChatScreen, ConversationItem, ConversationSearch
+from specchat.ui.screens import PromptScreen
+from specchat.ui.widgets import SPARK, MessageView, StatsPanel
+
+STORY = "Once upon a time there was a small model that guessed the words of a bigger one."
+
+
+def text_of(app: SpecchatApp, selector: str) -> str:
+    return str(app.chat.query_one(selector, Static).render())
+
+
+def notices(app: SpecchatApp, severity: str) -> list[str]:
+    return [n.message for n in app._notifications if n.severity == severity]
+
+
+async def streaming(pilot, app: SpecchatApp, backend: FakeBackend, pauses: int = 1) -> None:
+    """Wait until the answer has shown its first tokens and the backend holds it (pause_after)."""
+    await until(pilot, lambda: backend.pauses == pauses and app.generating
+                and app.query(MessageView).last().content, "the answer to pause mid-stream")
+
+
+# --- 1. never two generations at once ---------------------------------------------------------------
+
+
+async def test_ctrl_o_while_an_answer_streams_opens_nothing_and_the_answer_finishes(tmp_path):
+    backend = FakeBackend(STORY, pause_after=1)
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "Tell me a story")
+        await streaming(pilot, app, backend)
+        await pilot.press("ctrl+o")
+        await app.chat.run_action("rewrite")  # the command palette's way in (SystemCommand) is shut too
+        await pilot.pause()
+        assert app.screen is app.chat and not isinstance(app.screen, PromptScreen)
+        assert len(backend.calls) == 1 and app.generating
+        backend.resume()
+        await until(pilot, lambda: answered(app), "the answer to finish")
+        user, answer = app.store.messages(app.conversation_id)
+        assert (user.content, answer.content, answer.status) == ("Tell me a story", STORY, "complete")
+        assert app.query(MessageView).last().content == STORY
+        assert len(backend.calls) == 1 and backend.max_running == 1
+        await pilot.press("ctrl+o")  # once the answer is over, the same key opens the prompt
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen), "the rewrite prompt")
+        await pilot.press("escape")
+
+
+async def test_a_pair_change_while_an_answer_streams_waits_for_it(tmp_path):
+    made: list[tuple[ModelChoice, FakeBackend]] = []
+
+    def factory(choice: ModelChoice) -> FakeBackend:
+        made.append((choice, FakeBackend(STORY, pause_after=1 if not made else None)))
+        return made[-1][1]
+
+    app = SpecchatApp(backend_factory=factory, store=Store(tmp_path / "chat.db"), settings_path=tmp_path / "config.toml")
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "Tell me a story")
+        old = made[0][1]
+        await streaming(pilot, app, old)
+        app.apply_settings(replace(app.settings, pair="smollm2-self"))
+        await until(pilot, lambda: not app.ready, "the reload to begin")
+        await pilot.pause()
+        # The reload waits in old.close() for the answer: nothing is freed or made under it.
+        assert len(made) == 1 and not old.closed and app.generating
+        old.resume()
+        await until(pilot, lambda: answered(app) and len(made) == 2 and app.ready, "the answer and the new pair")
+        user, answer = app.store.messages(app.conversation_id)
+        assert (answer.content, answer.status) == (STORY, "complete")
+        assert app.query(MessageView).last().content == STORY
+        assert old.closed and old.log == ["start", "done", "end", "close"]  # closed only after the answer ended
+        choice, new = made[1]
+        assert choice.pair == "smollm2-self" and app.backend is new and not new.closed
+        await send(pilot, app, "And another")  # the next answer comes from the new pair
+        await until(pilot, lambda: answered(app), "the next answer")
+        assert len(old.calls) == 1 and len(new.calls) == 1
+        assert old.max_running == 1 and new.max_running == 1
+
+
+async def test_ctrl_r_hammered_while_streaming_and_after_regenerates_once(tmp_path):
+    backend = FakeBackend(STORY, pause_after=1)
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "Tell me a story")
+        await streaming(pilot, app, backend)
+        await pilot.press(*["ctrl+r"] * 10)
+        assert len(backend.calls) == 1
+        backend.resume()
+        await until(pilot, lambda: answered(app), "the answer to finish")
+        await pilot.press(*["ctrl+r"] * 10)  # the first regenerates; the rest find it streaming
+        await streaming(pilot, app, backend, pauses=2)
+        assert len(backend.calls) == 2
+        backend.resume()
+        await until(pilot, lambda: answered(app), "the regeneration to finish")
+        await pilot.pause()
+        assert len(backend.calls) == 2 and backend.max_running == 1
+        messages = app.store.messages(app.conversation_id)
+        assert [(m.role, m.status) for m in messages] == [("user", "complete"), ("assistant", "complete")]
+        assert messages[1].content == STORY
+        assert [v.role for v in app.query(MessageView)] == ["user", "assistant"]
+
+
+async def test_enter_while_busy_starts_nothing_and_keeps_the_text(tmp_path):
+    backend = FakeBackend(STORY, pause_after=1)
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "Tell me a story")
+        await streaming(pilot, app, backend)
+        box = app.query_one("#input", ChatInput)
+        box.text = "a second question"
+        await pilot.press("enter")
+        await until(pilot, lambda: notices(app, "warning"), "the warning")
+        assert "Esc stops it" in notices(app, "warning")[-1]
+        assert box.text == "a second question"  # not lost: it can be sent once the answer ends
+        assert [m.role for m in app.store.messages(app.conversation_id)] == ["user", "assistant"]
+        assert len(backend.calls) == 1
+        backend.resume()
+        await until(pilot, lambda: answered(app), "the answer to finish")
+        assert [m.content for m in app.store.messages(app.conversation_id)] == ["Tell me a story", STORY]
+        assert backend.max_running == 1
+
+
+
+async def test_esc_while_the_answer_is_being_set_up_stops_it(tmp_path, monkeypatch):
+    stopped = asyncio.Event()
+    stop = ChatScreen.action_stop
+
+    def action_stop(self) -> None:
+        stop(self)
+        stopped.set()
+
+    monkeypatch.setattr(ChatScreen, "action_stop", action_stop)
+    on_mount = Markdown._on_mount
+
+    async def esc_while_mounting(self, event):
+        if isinstance(self.parent, MessageView) and self.parent.role == "assistant":
+            self.app.simulate_key("escape")  # the user stops the answer as its view appears
+            await stopped.wait()
+        await on_mount(self, event)
+
+    monkeypatch.setattr(Markdown, "_on_mount", esc_while_mounting)
+    backend = FakeBackend(STORY)
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "Tell me a story")
+        await until(pilot, lambda: answered(app), "the answer to end")
+        assert stopped.is_set()
+        assert app.store.messages(app.conversation_id)[-1].status == "stopped"
+
+
+# --- 2. prompt history --------------------------------------------------------------------------------
+
+
+async def test_up_and_down_walk_the_prompts_sent(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        for prompt in ("first prompt", "second prompt"):
+            await send(pilot, app, prompt)
+            await until(pilot, lambda: answered(app) and len(app.store.messages(app.conversation_id)) % 2 == 0,
+                        "the answer")
+        box = app.query_one("#input", ChatInput)
+        assert box.has_focus and box.text == ""
+        seen = []
+        for key in ("up", "up", "up", "down", "down", "down"):
+            await pilot.press(key)
+            seen.append(box.text)
+        assert seen == ["second prompt", "first prompt", "first prompt", "second prompt", "", ""]
+        box.text = "my own words"
+        await pilot.press("up", "down")  # text of one's own is never replaced by a recalled prompt
+        assert box.text == "my own words"
+
+
+async def test_up_and_down_move_the_cursor_in_text_of_ones_own(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "first prompt")
+        await until(pilot, lambda: answered(app), "the answer")
+        box = app.query_one("#input", ChatInput)
+        box.text = "typed line one\ntyped line two"
+        box.move_cursor(box.document.end)
+        await pilot.press("up")
+        assert box.text == "typed line one\ntyped line two"
+        assert box.cursor_location == (0, len("typed line one"))
+        await pilot.press("down")
+        assert box.cursor_location == (1, len("typed line two"))
+
+
+# --- 3. copying code --------------------------------------------------------------------------------
+
+CODE_ANSWER = ("Two ways:\n\n```python\nprint('one')\n```\n\nor in the shell:\n\n```sh\necho two\nls -l\n```\n\n"
+               "Either works.")
+
+
+async def test_f3_cycles_through_the_code_blocks_and_a_click_copies_one(tmp_path):
+    app = make_app(tmp_path, FakeBackend(CODE_ANSWER))
+    async with app.run_test(size=(120, 50)) as pilot:
+        await send(pilot, app, "Print something")
+        await until(pilot, lambda: answered(app), "the answer")
+        copied = []
+        for _ in range(3):
+            await pilot.press("f3")
+            copied.append(app.clipboard)
+        assert copied == ["print('one')", "echo two\nls -l", "print('one')"]  # as a click copies them
+        fences = list(app.query(MessageView).last().query(MarkdownFence))
+        assert [f.code for f in fences] == ["print('one')", "echo two\nls -l"]
+        await until(pilot, lambda: fences[1].region.height > 0, "the code block on screen")
+        await pilot.click(fences[1])  # lands on the fence's Label: the click bubbles up to the screen
+        assert app.clipboard == "echo two\nls -l"
+        await pilot.click(fences[0], offset=(2, 1))
+        assert app.clipboard == "print('one')"
+
+
+async def test_an_answer_that_streams_before_its_body_is_ready_shows_each_block_once(tmp_path, monkeypatch):
+    # When the first batches reached a Markdown body still mounting, its first (empty) render ran
+    # after they had queued, and Textual's MarkdownStream.stop appended the rest from a stale offset:
+    # the first blocks showed twice (about one answer in three, by chance). Made certain here: if a
+    # generation is already under way when the answer's body mounts, that first render is held until
+    # the whole answer has reached the view. A generation started only once its view is mounted (as
+    # ChatScreen.answer does now) is never held.
+    started, full = [], asyncio.Event()
+    generate = ChatScreen._generate
+    monkeypatch.setattr(ChatScreen, "_generate", lambda self, history: (started.append(True), generate(self, history)))
+    append = MessageView.append
+
+    async def append_and_tell(self, steps):
+        await append(self, steps)
+        if self.content == CODE_ANSWER:
+            full.set()
+
+    monkeypatch.setattr(MessageView, "append", append_and_tell)
+    on_mount, held = Markdown._on_mount, []
+
+    async def slow_first_render(self, event):
+        if isinstance(self.parent, MessageView) and self.parent.role == "assistant" and started:
+            async def hold() -> None:  # takes the lock ahead of the body's first update, as a slow render would
+                async with self.lock:
+                    await full.wait()
+
+            held.append(asyncio.create_task(hold()))
+        await on_mount(self, event)
+
+    monkeypatch.setattr(Markdown, "_on_mount", slow_first_render)
+    app = make_app(tmp_path, FakeBackend(CODE_ANSWER))
+    async with app.run_test(size=(120, 50)) as pilot:
+        await send(pilot, app, "Print something")
+        await until(pilot, lambda: answered(app), "the answer")
+        await pilot.pause()
+        body = app.query(MessageView).last().query_one(Markdown)
+        assert [f.code for f in body.query(MarkdownFence)] == ["print('one')", "echo two\nls -l"]
+        assert len(body.children) == 5  # paragraph, code, paragraph, code, paragraph
+
+
+# --- 4. the context meter -----------------------------------------------------------------------------
+
+
+async def test_context_meter_counts_the_answer_and_warns_near_full(tmp_path):
+    backend = FakeBackend()
+    app = make_app(tmp_path / "a", backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "hi")
+        await until(pilot, lambda: answered(app), "the answer")
+        used = backend.last_done.stats.n_prompt + backend.last_done.stats.n_tokens
+        assert used == 12 + len(backend.answer.split())
+        meter = app.chat.query_one("#context", Static)
+        assert text_of(app, "#context").startswith(f"context {used:,} / 4,096 tokens")
+        assert "left out" not in text_of(app, "#context") and not meter.has_class("warning")
+
+    small = FakeBackend()
+    small.n_ctx = 20  # the answer's 19 tokens are 95% of it
+    app = make_app(tmp_path / "b", small)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        meter = app.chat.query_one("#context", Static)
+        assert text_of(app, "#context").startswith("context ≈") and not meter.has_class("warning")
+        await send(pilot, app, "hi")
+        await until(pilot, lambda: answered(app), "the answer")
+        assert text_of(app, "#context").startswith("context 19 / 20 tokens (95%)")
+        assert "the oldest turns will soon be left out" in text_of(app, "#context")
+        assert meter.has_class("warning")
+
+
+# --- 5. attaching a file --------------------------------------------------------------------------------
+
+
+async def attach_path(pilot, app: SpecchatApp, path: Path) -> None:
+    await pilot.press("ctrl+l")
+    await until(pilot, lambda: isinstance(app.screen, PromptScreen), "the path prompt")
+    app.screen.query_one("#prompt-input", Input).value = str(path)
+    await pilot.press("enter")
+    await until(pilot, lambda: app.screen is app.chat, "the prompt to close")
+
+
+async def test_attach_a_file_to_the_next_message(tmp_path):
+    doc = tmp_path / "notes.txt"
+    doc.write_text("alpha beta\ngamma delta\n")
+    backend = FakeBackend()
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        await attach_path(pilot, app, tmp_path / "missing.txt")
+        await until(pilot, lambda: notices(app, "error"), "the error")
+        assert "missing.txt" in notices(app, "error")[-1]
+        assert app.chat.attachments == [] and "attached" not in text_of(app, "#attached")
+
+        await attach_path(pilot, app, doc)
+        await until(pilot, lambda: "attached notes.txt" in text_of(app, "#status"), "the status line")
+        assert "4 tokens" in text_of(app, "#status")  # the fake counts words
+        assert "notes.txt" in text_of(app, "#attached")
+        await send(pilot, app, "summarise it")
+        await until(pilot, lambda: answered(app), "the answer")
+        expected = "File `notes.txt`:\n\n````\nalpha beta\ngamma delta\n````\n\nsummarise it"
+        assert app.store.messages(app.conversation_id)[0].content == expected
+        assert backend.calls[-1][0][-1] == Message("user", expected)
+        assert app.query(MessageView).first().content == expected
+
+        await send(pilot, app, "and again")  # an attachment goes with one message only
+        await until(pilot, lambda: answered(app) and len(app.store.messages(app.conversation_id)) == 4,
+                    "the second answer")
+        assert backend.calls[-1][0][-1] == Message("user", "and again")
+
+
+async def test_the_attached_list_empties_once_the_message_is_sent(tmp_path):
+    doc = tmp_path / "notes.txt"
+    doc.write_text("alpha beta\n")
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        await attach_path(pilot, app, doc)
+        await until(pilot, lambda: "notes.txt" in text_of(app, "#attached"), "the attached list")
+        await send(pilot, app, "summarise it")
+        await until(pilot, lambda: answered(app), "the answer")
+        assert app.chat.attachments == []
+        assert "notes.txt" not in text_of(app, "#attached")  # it no longer goes with the next message
+
+
+# --- 6. search ------------------------------------------------------------------------------------------
+
+
+def three_conversations(store: Store) -> list[int]:
+    ids = []
+    for title, text in (("Dinner", "how do I cook spaghetti carbonara"), ("Garden", "when to plant tomatoes"),
+                        ("Lisbon", "a train trip past fields of tomatoes")):
+        conv = store.new_conversation(title)
+        store.add_message(conv.id, "user", text)
+        store.add_message(conv.id, "assistant", "Here is what I know.")
+        ids.append(conv.id)
+    return ids
+
+
+def listed(app: SpecchatApp) -> list[int]:
+    view = app.chat.query_one("#conversations", ListView)
+    return sorted(item.conversation_id for item in view.children if isinstance(item, ConversationItem))
+
+
+async def test_sidebar_search_filters_the_conversations(tmp_path):
+    store = Store(tmp_path / "chat.db")
+    dinner, garden, lisbon = three_conversations(store)
+    app = SpecchatApp(backend_factory=lambda choice: FakeBackend(), store=store, settings_path=tmp_path / "config.toml")
+    async with app.run_test(size=(140, 36)) as pilot:
+        await until(pilot, lambda: listed(app) == [dinner, garden, lisbon], "all three listed")
+        await pilot.press("ctrl+f")
+        search = app.chat.query_one("#search", Input)
+        assert search.has_focus
+        await pilot.press(*"carbonara")
+        await until(pilot, lambda: search.value == "carbonara" and listed(app) == [dinner], "one match")
+        search.value = ""
+        await until(pilot, lambda: listed(app) == [dinner, garden, lisbon], "all three again")
+        await pilot.press(*"tomat")  # the start of a word finds it
+        await until(pilot, lambda: listed(app) == [garden, lisbon], "two matches")
+        search.value = "zebra"
+        await until(pilot, lambda: listed(app) == [], "no match")
+
+
+async def test_command_palette_finds_and_opens_a_conversation(tmp_path):
+    store = Store(tmp_path / "chat.db")
+    dinner, garden, lisbon = three_conversations(store)
+    app = SpecchatApp(backend_factory=lambda choice: FakeBackend(), store=store, settings_path=tmp_path / "config.toml")
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        assert app.conversation_id == lisbon  # the most recent
+        provider = ConversationSearch(app.screen)
+        assert [hit async for hit in provider.search("  ")] == []
+        hits = [hit async for hit in provider.search("carbonara")]
+        assert [hit.text for hit in hits] == ["Open conversation: Dinner"]
+        hits[0].command()
+        await pilot.pause()
+        assert app.conversation_id == dinner
+        assert [v.content for v in app.query(MessageView)] == ["how do I cook spaghetti carbonara",
+                                                               "Here is what I know."]
+        hits = [hit async for hit in provider.search("tomatoes")]
+        assert sorted(hit.text for hit in hits) == ["Open conversation: Garden", "Open conversation: Lisbon"]
+
+
+# --- 7. the theme -----------------------------------------------------------------------------------------
+
+
+async def test_the_theme_chosen_is_remembered(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        assert app.theme != "nord"
+        app.theme = "nord"
+        await pilot.pause()
+        assert app.settings.theme == "nord"
+    assert 'theme = "nord"' in (tmp_path / "config.toml").read_text()
+    assert load_settings(tmp_path / "config.toml")[0].theme == "nord"
+    again = make_app(tmp_path)
+    async with again.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: again.ready, "models to load")
+        assert again.theme == "nord"
+
+
+# --- 8. the speculation chart and the loading bar -----------------------------------------------------------
+
+
+async def test_tokens_per_step_chart_is_empty_then_shows_the_steps(tmp_path):
+    backend = FakeBackend()
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        assert text_of(app, "#spark") == "·"
+        await send(pilot, app, "hi")
+        await until(pilot, lambda: answered(app), "the answer")
+        steps = app.chat.query_one(StatsPanel).steps
+        assert [len(s.tokens) for s in steps] == [3, 3, 1]  # 7 words, 3 a step
+        chart = text_of(app, "#spark")
+        assert len(chart) == 3 and set(chart) <= set(SPARK[1:])
+        assert chart[0] == chart[1] == SPARK[-1] and chart[2] < chart[0]  # 3 is the top; 1 is a low bar
+
+
+async def test_loading_without_a_size_shows_an_indeterminate_bar(tmp_path):
+    gate = threading.Event()
+    backend = FakeBackend(load_gate=gate)
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: backend.loading.is_set(), "the load to begin")
+        await pilot.pause()
+        bar = app.chat.query_one("#progress", ProgressBar)
+        assert bar.display and bar.total is None
+        assert text_of(app, "#status") == "loading fake models…"
+        assert not app.ready
+        gate.set()
+        await until(pilot, lambda: app.ready, "models to load")
+        assert not bar.display and text_of(app, "#status").startswith("ready")
+
+
+
+async def test_fast_typing_keeps_newlines_and_enter_in_order(tmp_path):
+    """Keys that arrive faster than the box handles them (a fast typist, a paste, tmux send-keys):
+    the newlines land where they were typed and Enter sends everything typed before it."""
+    from textual import events
+
+    backend = FakeBackend()
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        for key in [*"Rewrite this:", "ctrl+j", "ctrl+j", *"some text", "enter"]:
+            app.post_message(events.Key(key, key if len(key) == 1 else None))
+        await until(pilot, lambda: answered(app), "the answer")
+        assert app.store.messages(app.conversation_id)[0].content == "Rewrite this:\n\nsome text"
