@@ -39,6 +39,7 @@ class Backend(Protocol):
     name: str
     has_draft: bool
     n_ctx: int  # tokens the context holds (once loaded)
+    warnings: list[str]  # after load: what was left out and why (e.g. a draft that failed to load)
 
     def load(self, progress: Progress) -> None: ...
 
@@ -62,6 +63,7 @@ class EngineBackend:
         self.has_draft = False
         self._baseline: Baseline | None = None
         self._pair: LoadedPair | None = None
+        self.warnings: list[str] = []
         # Held for the whole of a generation: close() waits for it, so models are never freed
         # under a running generation and two generations never share the engine.
         self._busy = threading.Lock()
@@ -70,6 +72,7 @@ class EngineBackend:
         progress("loading models", 0, 1)
         pair = self._pair = load_pair(self.choice, progress)
         self.target, self.has_draft, self.name = pair.target, pair.draft is not None, pair.name
+        self.warnings = pair.warnings
         progress("measuring this machine's decode costs (first run only)", 0, 1)
         self.guessers = {name: pair.guesser(name) for name in pair.guesser_names()}
         self.engine = Engine(self.target)

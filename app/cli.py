@@ -173,6 +173,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     config = _generation_config(args)
     pair = load_pair(_choice(args), progress=_progress)
+    for warning in pair.warnings:
+        print(f"specchat: warning: {warning}; using lookup and plain decoding", file=sys.stderr)
     target, name = pair.target, args.guesser
     engine = Engine(target, pair.guesser(name))
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]

@@ -6,6 +6,7 @@ checked against its target the same way, and every guesser is built the same way
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ class LoadedPair:
 
     def __init__(self, target: Model, draft: Model | None) -> None:
         self.target, self.draft = target, draft
+        self.warnings: list[str] = []  # why a draft the choice named was left out
         self._curve: CostCurve | None = None
 
     @property
@@ -71,7 +73,8 @@ class LoadedPair:
             return LookupGuesser()
         if name == "draft":
             if self.draft is None:
-                raise SpecchatError("the draft guesser needs a draft model: pass --draft PATH or use a --pair")
+                raise SpecchatError("; ".join(self.warnings) if self.warnings else
+                                    "the draft guesser needs a draft model: pass --draft PATH or use a --pair")
             return DraftGuesser(self.draft)
         if name == "auto":
             # Its own copy of the curve: auto keeps it current from the steps it times.
@@ -96,8 +99,26 @@ class LoadedPair:
 
 def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Catalog | None = None) -> LoadedPair:
     """Fetch what is missing (reporting its progress), load the target and the draft, and check that the
-    draft fits the target."""
-    target_path, draft_path = model_paths(choice, catalog, progress)
+    draft fits the target. A draft that is missing, fails to load, does not match the target or would
+    not fit in memory is left out rather than failing the whole pair: lookup and plain decoding still
+    work, and `LoadedPair.warnings` says why."""
+    warnings: list[str] = []
+    if choice.target is not None:
+        if choice.pair is not None:
+            raise SpecchatError("give either --pair or --target, not both")
+        target_path, draft_path = choice.target, choice.draft
+    else:
+        catalog = catalog or load_catalog()
+        pair = catalog.pair(choice.pair)
+        target_path = resolve(catalog.model(pair.target), choice.fetch, progress, choice.offline)
+        try:
+            draft_path = choice.draft or resolve(catalog.model(pair.draft), choice.fetch, progress, choice.offline)
+        except SpecchatError as e:
+            draft_path = None
+            warnings.append(f"no draft model: {e}")
+    if draft_path is not None and (why := _does_not_fit(target_path, draft_path)):
+        warnings.append(f"no draft model: {why}")
+        draft_path = None
     n_ctx = choice.n_ctx or DEFAULT_CONTEXT
     target = Model(target_path, n_ctx=n_ctx, n_threads=choice.threads)
     draft = None
@@ -105,12 +126,34 @@ def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Ca
         try:
             draft = Model(draft_path, n_ctx=n_ctx, n_threads=choice.threads)
             check_compatible(target, draft)
+        except SpecchatError as e:
+            if draft is not None:
+                draft.close()
+                draft = None
+            warnings.append(f"no draft model: {e}")
         except BaseException:
             if draft is not None:
                 draft.close()
             target.close()
             raise
-    return LoadedPair(target, draft)
+    loaded = LoadedPair(target, draft)
+    loaded.warnings = warnings
+    return loaded
+
+
+def _does_not_fit(target: Path, draft: Path) -> str | None:
+    """Why the pair would not fit in the memory free now, if the target alone would (Linux only;
+    elsewhere nothing is known, and nothing is said)."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        free = int(re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.M).group(1)) * 1024  # type: ignore[union-attr]
+        sizes = target.stat().st_size, draft.stat().st_size
+    except (OSError, AttributeError):
+        return None
+    if sum(sizes) > free >= sizes[0]:
+        return (f"the pair needs about {sum(sizes) / 2**30:.1f} GiB and {free / 2**30:.1f} GiB of memory is free; "
+                "the target runs alone (close other programs, or pick a smaller pair)")
+    return None
 
 
 def _curve_key(target: Model, draft: Model | None) -> str:

@@ -17,6 +17,7 @@ class FakeBackend:
     name = "fake-target + fake-draft"
     has_draft = True
     n_ctx = 4096
+    warnings: list[str] = []
 
     def __init__(self, answer: str = "Hello **world**, this is a scripted answer.",
                  pause_after: int | None = None, notice: str | None = None,

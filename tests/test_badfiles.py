@@ -103,6 +103,30 @@ async def test_app_shows_an_error_screen_naming_the_bad_file(bad_file, tmp_path)
     tally("bad model files", inputs=1)
 
 
+@pytest.mark.real
+async def test_app_answers_with_lookup_when_the_draft_fails_and_says_why(bad_file, tmp_path, smol_path):
+    """Never a dead end: a bad draft leaves the target to answer with lookup and plain decoding."""
+    path, needles = bad_file
+    config = tmp_path / "config.toml"
+    config.write_text('guesser = "draft"\nmax_tokens = 8\n')  # the draft guesser, which cannot run now
+    app = SpecchatApp(ModelChoice(target=smol_path, draft=path, n_ctx=1024), store=Store(tmp_path / "chat.db"),
+                      settings_path=config)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.ready or isinstance(app.screen, ErrorScreen), "the models")
+        assert app.ready and not isinstance(app.screen, ErrorScreen)
+        warnings = [n.message for n in app._notifications if n.severity == "warning"]
+        assert len(warnings) == 1 and warnings[0].startswith("no draft model: ")
+        _assert_one_line(warnings[0].removeprefix("no draft model: "), path, needles)
+        assert "lookup and plain decoding only" in str(app.chat.query_one("#status").render())
+        assert app.settings.guesser == "auto" and not app.backend.has_draft
+        app.query_one("#input").text = "Say hi."
+        await pilot.press("enter")
+        await until(pilot, lambda: len(app.store.messages(app.conversation_id)) == 2 and not app.generating
+                    and app.store.messages(app.conversation_id)[-1].status == "complete", "the answer")
+        answer = app.store.messages(app.conversation_id)[-1]
+        assert answer.content and answer.stats["guesser"] == "auto"
+
+
 # --- a full disk --------------------------------------------------------------------------
 
 TMPFS_MB = 4

@@ -48,9 +48,27 @@ def test_truncated_gguf(tmp_path, smol_path):
 
 
 @pytest.mark.real
-def test_incompatible_draft_names_the_first_differing_token(smol_path, qwen_paths):
-    result = specchat("generate", "hi", "--target", str(smol_path), "--draft", str(qwen_paths[1]))
-    assert_clean_error(result, "incompatible", "token 0 is '<|endoftext|>' in the target but '!' in the draft")
+def test_incompatible_draft_is_left_out_with_one_warning_naming_the_first_differing_token(smol_path, qwen_paths):
+    """Never a dead end: the target answers with lookup and plain decoding, and one line says why."""
+    result = specchat("generate", "hi", "--target", str(smol_path), "--draft", str(qwen_paths[1]), "--max-tokens", "8")
+    assert result.returncode == 0, result.stderr
+    warning, stats = result.stderr.strip().splitlines()
+    assert warning.startswith("specchat: warning: no draft model: draft ") and "incompatible" in warning
+    assert "token 0 is '<|endoftext|>' in the target but '!' in the draft" in warning
+    assert stats.startswith("[auto] ") and result.stdout.strip()
+    # Asking for the draft guesser itself is an error, which gives the same reason.
+    assert_clean_error(specchat("generate", "hi", "--target", str(smol_path), "--draft", str(qwen_paths[1]),
+                                "--guesser", "draft"), "incompatible", "token 0 is '<|endoftext|>'")
+
+
+@pytest.mark.real
+def test_a_draft_that_is_not_a_model_is_left_out(tmp_path, smol_path):
+    fake = tmp_path / "draft.gguf"
+    fake.write_text("not a model\n")
+    result = specchat("generate", "hi", "--target", str(smol_path), "--draft", str(fake), "--max-tokens", "4",
+                      "--guesser", "lookup")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[0].startswith(f"specchat: warning: no draft model: not a GGUF model file: {fake}")
 
 
 @pytest.mark.real

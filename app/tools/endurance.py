@@ -120,13 +120,19 @@ async def _until(pilot, condition, what: str, timeout: float = 600.0) -> None:
 async def _ask(pilot, app, prompt: str, stop_after: int | None = None) -> None:
     from specchat.ui.widgets import StatsPanel
 
+    before = len(app.store.messages(app.conversation_id))
     app.query_one("#input").text = prompt
-    await pilot.press("enter")  # the key's handler sets `generating` before press() returns
+    await pilot.press("enter")
+
+    def answered() -> bool:  # its answer is stored, and no longer streaming
+        messages = app.store.messages(app.conversation_id)
+        return len(messages) >= before + 2 and not app.generating and messages[-1].status != "partial"
+
     if stop_after is not None:
-        await _until(pilot, lambda: not app.generating or app.query_one(StatsPanel).totals.n_tokens >= stop_after,
-                     "some tokens")
+        await _until(pilot, lambda: answered() or (app.generating and
+                                                  app.query_one(StatsPanel).totals.n_tokens >= stop_after), "some tokens")
         await pilot.press("escape")
-    await _until(pilot, lambda: not app.generating, "the answer")
+    await _until(pilot, answered, "the answer")
 
 
 async def _rewrite(pilot, app, doc: Path, report: Report) -> None:
@@ -182,8 +188,10 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
             check_answer(app, report)
             report.stops += stop is not None and app.store.messages(app.conversation_id)[-1].status == "stopped"
             if turn % 4 == 0:
+                old = app.store.messages(app.conversation_id)[-1].id
                 await pilot.press("ctrl+r")
-                await _until(pilot, lambda: not app.generating, "the regeneration")
+                await _until(pilot, lambda: not app.generating and (last := app.store.messages(app.conversation_id)[-1])
+                             .id != old and last.status != "partial", "the regeneration")
                 check_answer(app, report)
                 report.regenerations += 1
         # The check: greedy, no guesser, a new conversation, against a process that did nothing else.

@@ -131,7 +131,10 @@ class SpecchatApp(App[None]):
         if self.settings.guesser == "draft" and not backend.has_draft:
             self.settings = replace(self.settings, guesser="auto")
         self.chat.query_one("#progress").display = False
-        self.chat.status(f"ready · guesser {self.settings.guesser} · {backend.name}")
+        for warning in backend.warnings:  # e.g. the draft failed to load: lookup and plain decoding still work
+            self.notify(warning, severity="warning", timeout=20)
+        only = " · lookup and plain decoding only (see the notice)" if backend.warnings and not backend.has_draft else ""
+        self.chat.status(f"ready · guesser {self.settings.guesser} · {backend.name}{only}")
         self.chat.query_one(StatsPanel).reset(backend.name, backend.baseline(), self.settings.guesser)
         self.chat.show_context(None)
         self.chat.refresh_bindings()
