@@ -112,6 +112,10 @@ class EngineBackend:
             yield Notice(f"the conversation is longer than the {self.target.n_ctx}-token context: "
                          f"the oldest {dropped} message(s) were left out of this answer")
         with self._busy:
+            if not self.prompter.continued and self._pair is not None:
+                # Another conversation (or a regenerated answer): auto starts from its priors, as a
+                # fresh `specchat generate` does, rather than from what another text taught it.
+                self.guessers["auto"] = self._pair.guesser("auto")
             self.engine.guesser = self.guessers.get(guesser, self.guessers["auto"])
             for event in self.engine.generate(prompt, config, cancel):
                 if isinstance(event, Done):

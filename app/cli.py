@@ -100,6 +100,8 @@ def _model_args(p: argparse.ArgumentParser, guesser: bool = True, multi_guesser:
     p.add_argument("--ctx", type=int, default=None,
                    help="context length in tokens (default: 4096; the app: its context setting)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--gpu-layers", type=int, default=None, help="target layers on the GPU (default: all)")
+    p.add_argument("--draft-gpu-layers", type=int, default=None, help="draft layers on the GPU (default: all)")
     if multi_guesser:
         p.add_argument("--guesser", nargs="+", choices=[g for g in GUESSERS if g != "none"],
                        default=["auto", "draft", "lookup"])
@@ -124,7 +126,10 @@ def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 512) -> None:
 def _choice(args: argparse.Namespace) -> ModelChoice:
     if args.ctx is not None and args.ctx < 64:
         raise SpecchatError(f"--ctx must be at least 64, got {args.ctx}")
-    return ModelChoice(args.pair, args.target, args.draft, args.ctx, args.threads)
+    if args.threads is not None and args.threads < 1:
+        raise SpecchatError(f"--threads must be at least 1, got {args.threads}")
+    return ModelChoice(args.pair, args.target, args.draft, args.ctx, args.threads, args.gpu_layers,
+                       args.draft_gpu_layers)
 
 
 def _generation_config(args: argparse.Namespace):

@@ -30,7 +30,9 @@ class ModelChoice:
     target: Path | None = None
     draft: Path | None = None
     n_ctx: int | None = None  # None: DEFAULT_CONTEXT (the app: its context setting)
-    threads: int | None = None
+    threads: int | None = None  # None: every core
+    gpu_layers: int | None = None  # layers offloaded to the GPU (Metal, CUDA builds); None: all
+    draft_gpu_layers: int | None = None
     fetch: bool = True
     offline: bool = False  # the app's offline setting: never fetch (HF_HUB_OFFLINE in the env does the same)
 
@@ -120,11 +122,11 @@ def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Ca
         warnings.append(f"no draft model: {why}")
         draft_path = None
     n_ctx = choice.n_ctx or DEFAULT_CONTEXT
-    target = Model(target_path, n_ctx=n_ctx, n_threads=choice.threads)
+    target = Model(target_path, n_ctx=n_ctx, n_threads=choice.threads, n_gpu_layers=choice.gpu_layers)
     draft = None
     if draft_path is not None:
         try:
-            draft = Model(draft_path, n_ctx=n_ctx, n_threads=choice.threads)
+            draft = Model(draft_path, n_ctx=n_ctx, n_threads=choice.threads, n_gpu_layers=choice.draft_gpu_layers)
             check_compatible(target, draft)
         except SpecchatError as e:
             if draft is not None:

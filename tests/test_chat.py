@@ -280,21 +280,21 @@ async def test_context_meter_counts_the_answer_and_warns_near_full(tmp_path):
         await until(pilot, lambda: answered(app), "the answer")
         used = backend.last_done.stats.n_prompt + backend.last_done.stats.n_tokens
         assert used == 12 + len(backend.answer.split())
-        meter = app.chat.query_one("#context", Static)
-        assert text_of(app, "#context").startswith(f"context {used:,} / 4,096 tokens")
-        assert "left out" not in text_of(app, "#context") and not meter.has_class("warning")
+        meter = app.chat.query_one("#context-meter", Static)
+        assert text_of(app, "#context-meter").startswith(f"context {used:,} / 4,096 tokens")
+        assert "left out" not in text_of(app, "#context-meter") and not meter.has_class("warning")
 
     small = FakeBackend()
     small.n_ctx = 20  # the answer's 19 tokens are 95% of it
     app = make_app(tmp_path / "b", small)
     async with app.run_test(size=(120, 36)) as pilot:
         await until(pilot, lambda: app.ready, "models to load")
-        meter = app.chat.query_one("#context", Static)
-        assert text_of(app, "#context").startswith("context ≈") and not meter.has_class("warning")
+        meter = app.chat.query_one("#context-meter", Static)
+        assert text_of(app, "#context-meter").startswith("context ≈") and not meter.has_class("warning")
         await send(pilot, app, "hi")
         await until(pilot, lambda: answered(app), "the answer")
-        assert text_of(app, "#context").startswith("context 19 / 20 tokens (95%)")
-        assert "the oldest turns will soon be left out" in text_of(app, "#context")
+        assert text_of(app, "#context-meter").startswith("context 19 / 20 tokens (95%)")
+        assert "the oldest turns will soon be left out" in text_of(app, "#context-meter")
         assert meter.has_class("warning")
 
 

@@ -646,6 +646,9 @@ SETTINGS: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
     "pair": (st.text(max_size=10), not_strings),
     "offline": (st.booleans(), st.sampled_from([0, 1, "true", "yes", [True]])),
     "context": (st.integers(256, 1 << 20), st.sampled_from([0, 255, 1 << 21, 4096.0, "4096", True])),
+    "threads": (st.integers(0, 1024), st.sampled_from([-1, 1025, 2.0, "2", True])),
+    "gpu_layers": (st.integers(-1, 10_000), st.sampled_from([-2, 10_001, 1.0, "all", False])),
+    "draft_gpu_layers": (st.integers(-1, 10_000), st.sampled_from([-2, 10_001, 1.0, "all", False])),
     "theme": (st.text(max_size=10), not_strings),
 }
 

@@ -71,7 +71,8 @@ any_settings = st.builds(
     Settings, system_prompt=texts, temperature=st.floats(0, 5), top_p=st.floats(0, 1, exclude_min=True),
     top_k=st.integers(0, 1000), min_p=st.floats(0, 1, exclude_max=True), max_tokens=st.integers(1, 10**6),
     guesser=st.sampled_from(list(GUESSERS)), draft_length=st.integers(0, 32), pair=texts, offline=st.booleans(),
-    context=st.integers(256, 1 << 20), theme=texts)
+    context=st.integers(256, 1 << 20), theme=texts, threads=st.integers(0, 1024),
+    gpu_layers=st.integers(-1, 10_000), draft_gpu_layers=st.integers(-1, 10_000))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

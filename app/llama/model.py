@@ -109,7 +109,7 @@ class Model:
     """A GGUF model loaded in llama.cpp with one context for a single sequence."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int | None = None,
-                 n_batch: int = 512) -> None:
+                 n_batch: int = 512, n_gpu_layers: int | None = None) -> None:
         global _backend_ready
         self.path = Path(path)
         check_gguf(self.path)
@@ -117,7 +117,7 @@ class Model:
             llama_cpp.llama_backend_init()
             _backend_ready = True
         mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = _OFFLOAD_ALL_LAYERS
+        mparams.n_gpu_layers = _OFFLOAD_ALL_LAYERS if n_gpu_layers is None or n_gpu_layers < 0 else n_gpu_layers
         mparams.use_extra_bufts = _extra_buffers()
         with _llama_errors() as log:
             try:

@@ -61,13 +61,15 @@ class ChatPrompter:
         self.template = ChatTemplate(template, model.path.name, model.bos_text, model.eos_text)
         self._text = ""
         self._tokens: list[int] = []
+        self.continued = False
 
     def render(self, messages: Sequence[Message]) -> str:
         return self.template.render(messages)
 
     def tokens(self, messages: Sequence[Message]) -> list[int]:
         text = self.render(messages)
-        if self._text and text.startswith(self._text):
+        self.continued = bool(self._text) and text.startswith(self._text)  # the last turn goes on
+        if self.continued:
             tokens = self._tokens + self.model.tokenize(text[len(self._text):], add_bos=False)
         else:
             tokens = self.model.tokenize(text, add_bos=self.model.add_bos and not text.startswith(self.model.bos_text))

@@ -37,6 +37,9 @@ class Settings:
     pair: str = ""  # "": the catalog's default pair
     offline: bool = False  # never fetch models (as HF_HUB_OFFLINE=1 does)
     context: int = 4096  # tokens the models' context holds (more costs memory: the KV cache grows with it)
+    threads: int = 0  # CPU threads for llama.cpp; 0: every core
+    gpu_layers: int = -1  # target layers on the GPU (Metal, CUDA builds); -1: all
+    draft_gpu_layers: int = -1
     theme: str = ""  # "": Textual's default; set by the command palette's "Change theme"
 
     def __post_init__(self) -> None:
@@ -51,6 +54,11 @@ class Settings:
             raise SpecchatError(f"draft_length must be 0 to 32, got {self.draft_length}")
         if not 256 <= self.context <= 1 << 20:
             raise SpecchatError(f"context must be 256 to {1 << 20} tokens, got {self.context}")
+        if not 0 <= self.threads <= 1024:
+            raise SpecchatError(f"threads must be 0 (every core) to 1024, got {self.threads}")
+        for key in ("gpu_layers", "draft_gpu_layers"):
+            if not -1 <= getattr(self, key) <= 10_000:
+                raise SpecchatError(f"{key} must be -1 (all) to 10000, got {getattr(self, key)}")
 
     def generation(self, stop: tuple[str, ...] = ()) -> GenerationConfig:
         sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)

@@ -98,8 +98,12 @@ class SpecchatApp(App[None]):
             choice = replace(choice, pair=self.settings.pair)
         if self.settings.offline:  # the setting adds to HF_HUB_OFFLINE; it never turns it off
             choice = replace(choice, offline=True)
-        if self.choice.n_ctx is None:
-            choice = replace(choice, n_ctx=self.settings.context)
+        # The command line's options win; what it leaves open comes from the settings.
+        s = self.settings
+        choice = replace(choice, n_ctx=choice.n_ctx or s.context, threads=choice.threads or s.threads or None,
+                         gpu_layers=s.gpu_layers if choice.gpu_layers is None else choice.gpu_layers,
+                         draft_gpu_layers=s.draft_gpu_layers if choice.draft_gpu_layers is None
+                         else choice.draft_gpu_layers)
         if self.backend is not None:  # another pair: free the old one first (after any answer it is writing)
             self.backend.close()
             self.backend = None
@@ -156,8 +160,8 @@ class SpecchatApp(App[None]):
     def apply_settings(self, settings: Settings | None) -> None:
         if settings is None:
             return
-        reload = settings.pair != self.settings.pair or (settings.context != self.settings.context
-                                                         and self.choice.n_ctx is None)
+        reload = any(getattr(settings, key) != getattr(self.settings, key)
+                     for key in ("pair", "context", "threads", "gpu_layers", "draft_gpu_layers"))
         self.settings = settings
         try:
             save_settings(settings, self.settings_path)

@@ -157,7 +157,7 @@ class ChatScreen(Screen[None]):
                 yield Static("", id="status")
                 yield ProgressBar(id="progress", show_eta=False)
                 yield ChatInput(id="input", placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: newline)")
-                yield Static("", id="context")
+                yield Static("", id="context-meter")
             yield StatsPanel(id="stats")
         yield Footer()
 
@@ -219,7 +219,7 @@ class ChatScreen(Screen[None]):
     def show_context(self, used: int | None) -> None:
         """Tokens used out of the context: exact after an answer (its prompt plus the answer),
         estimated from the messages' text when a conversation is opened."""
-        backend, meter = self.chat_app.backend, self.query_one("#context", Static)
+        backend, meter = self.chat_app.backend, self.query_one("#context-meter", Static)
         if backend is None or not self.chat_app.ready:
             meter.update("")
             return
@@ -322,6 +322,7 @@ class ChatScreen(Screen[None]):
                                  {"summary": summary, "reason": done.reason, "tokens": done.stats.n_tokens,
                                   "acceptance": done.stats.acceptance, "guesser": guesser,
                                   "tokens_per_s": done.stats.tokens_per_s,
+                                  "tokens_per_step": done.stats.tokens_per_step,
                                   "wall_tokens_per_s": done.stats.wall_tokens_per_s})
             self.status(f"{status if status == 'stopped' else 'done'} · guesser {guesser} · Ctrl+R regenerates")
             self.show_context(done.stats.n_prompt + done.stats.n_tokens)

@@ -147,7 +147,9 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 for key, label in (("temperature", "Temperature"), ("top_p", "Top-p"), ("top_k", "Top-k"),
                                    ("min_p", "Min-p"), ("max_tokens", "Max tokens"),
                                    ("draft_length", "Draft length (0 = default)"),
-                                   ("context", "Context size (tokens)")):
+                                   ("context", "Context size (tokens)"), ("threads", "Threads (0 = every core)"),
+                                   ("gpu_layers", "GPU layers, target (-1 = all)"),
+                                   ("draft_gpu_layers", "GPU layers, draft (-1 = all)")):
                     yield Label(label)
                     yield Input(str(getattr(s, key)), id=key)
             yield Label("System prompt")
@@ -169,7 +171,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
         values: dict[str, object] = {}
         try:
             for key, kind in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float),
-                              ("max_tokens", int), ("draft_length", int), ("context", int)):
+                              ("max_tokens", int), ("draft_length", int), ("context", int), ("threads", int),
+                              ("gpu_layers", int), ("draft_gpu_layers", int)):
                 raw = self.query_one(f"#{key}", Input).value.strip()
                 try:
                     values[key] = kind(raw)
