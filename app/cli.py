@@ -178,10 +178,10 @@ def _generate(args: argparse.Namespace) -> int:
 
     config = _generation_config(args)
     pair = load_pair(_choice(args), progress=_progress)
+    target, name = pair.target, args.guesser
+    engine = Engine(target, pair.guesser(name))  # the draft guesser without its draft: an error saying why
     for warning in pair.warnings:
         print(f"specchat: warning: {warning}; using lookup and plain decoding", file=sys.stderr)
-    target, name = pair.target, args.guesser
-    engine = Engine(target, pair.guesser(name))
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]
     for event in engine.generate(ChatPrompter(target).tokens(messages), config):
         if isinstance(event, Step) and event.text:

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.real
 
 
 def test_short_endurance_session(tmp_path, smol_path):
-    report = run(ModelChoice(pair="smollm2-self", n_ctx=2048), tmp_path, minutes=1.0)
+    report = run(ModelChoice(pair="smollm2-self", n_ctx=2048), tmp_path, minutes=1.0, min_turns=14)
     print("\n".join(report.lines()))
     assert report.problems == []
     assert report.answers >= 10 and report.stops >= 1 and report.regenerations >= 1 and report.rewrites >= 1

@@ -154,9 +154,10 @@ async def _rewrite(pilot, app, doc: Path, report: Report) -> None:
 
 
 async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 0,
-                final_only: bool = False) -> Report:
+                final_only: bool = False, min_turns: int = 0) -> Report:
     from specchat.store.settings import Settings, save_settings
     from specchat.ui.app import SpecchatApp
+    from specchat.ui.widgets import StatsPanel
 
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "config.toml"
@@ -169,7 +170,9 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
         await _until(pilot, lambda: app.ready, "the models to load")
         end = time.monotonic() + minutes * 60
         turn = 0
-        while not final_only and time.monotonic() < end:
+        # For `minutes`, and at least `min_turns` turns: on a slow machine a short session still
+        # stops, regenerates and rewrites (every 3rd, 4th and 7th turn).
+        while not final_only and (time.monotonic() < end or turn < min_turns):
             turn += 1
             await pilot.press("ctrl+g")
             report.switches += 1
@@ -188,10 +191,13 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
             check_answer(app, report)
             report.stops += stop is not None and app.store.messages(app.conversation_id)[-1].status == "stopped"
             if turn % 4 == 0:
-                old = app.store.messages(app.conversation_id)[-1].id
+                # The new answer may get the old one's id (SQLite reuses the highest rowid once it is
+                # deleted): that it started shows as the stats panel's fresh list of steps.
+                panel = app.query_one(StatsPanel)
+                old = panel.steps
                 await pilot.press("ctrl+r")
-                await _until(pilot, lambda: not app.generating and (last := app.store.messages(app.conversation_id)[-1])
-                             .id != old and last.status != "partial", "the regeneration")
+                await _until(pilot, lambda: panel.steps is not old and not app.generating
+                             and app.store.messages(app.conversation_id)[-1].status != "partial", "the regeneration")
                 check_answer(app, report)
                 report.regenerations += 1
         # The check: greedy, no guesser, a new conversation, against a process that did nothing else.
@@ -267,8 +273,8 @@ def fresh_answer(choice: ModelChoice, workdir: Path) -> tuple[str, list[int]]:
     return fresh["final"], fresh["ids"]
 
 
-def run(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 0) -> Report:
-    report = asyncio.run(drive(choice, workdir / "session", minutes, seed))
+def run(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 0, min_turns: int = 0) -> Report:
+    report = asyncio.run(drive(choice, workdir / "session", minutes, seed, min_turns=min_turns))
     report.fresh, report.fresh_ids = fresh_answer(choice, workdir / "fresh")
     if report.final != report.fresh:
         tie, why = explain_divergence(choice, report.prompt_ids, report.final_ids, report.fresh_ids)
