@@ -154,6 +154,28 @@ def test_stop_string_ends_generation_and_is_not_shown(smol):
     assert " 9" not in done.text and done.text.strip().startswith("7")
 
 
+def test_stop_string_and_end_token_inside_one_accepted_run_end_as_plain_decoding(smol, smol_draft):
+    """Self-drafting at temperature 0 accepts whole runs of 8: the stop string and the end-of-generation
+    token both land inside one run, and the answer must still end where one token at a time ends it."""
+    prompt = chat_prompt(smol, "Name two primary colours, in one short sentence.")
+    free = run(Engine(smol), prompt, GenerationConfig(max_tokens=60))
+    assert free.reason == "eog" and len(free.token_ids) > 6, free
+    pieces = [smol.piece(t).decode("utf-8", "replace") for t in free.token_ids[:-1]]
+    # A stop string completed three tokens before the end token, and one completed by the last token.
+    for stop in (pieces[-4].strip() or pieces[-4], pieces[-1]):
+        config = GenerationConfig(max_tokens=60, draft_length=8, stop=(stop,))
+        plain = run(Engine(smol), prompt, config)
+        spec = run(Engine(smol, DraftGuesser(smol_draft)), prompt, config)
+        assert spec.stats.accepted == spec.stats.drafted > 0  # the runs really were accepted whole
+        assert (spec.reason, spec.text, spec.token_ids, spec.stats.n_tokens) == \
+            (plain.reason, plain.text, plain.token_ids, plain.stats.n_tokens)
+        assert plain.reason == "stop" and stop not in plain.text
+    # And the end token inside a run, with no stop string: the same as plain decoding too.
+    spec = run(Engine(smol, DraftGuesser(smol_draft)), prompt, GenerationConfig(max_tokens=60, draft_length=8))
+    assert (spec.reason, spec.text, spec.token_ids, spec.stats.n_tokens) == \
+        (free.reason, free.text, free.token_ids, free.stats.n_tokens)
+
+
 def test_prompt_longer_than_context_is_a_clear_error(smol_path):
     model = Model(smol_path, n_ctx=256)
     with pytest.raises(ContextFull, match=f"context holds {model.n_ctx}"):

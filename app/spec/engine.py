@@ -187,25 +187,27 @@ class Engine:
 
             new = proposal.tokens[:verdict.n_accepted] + [verdict.token]
             sources = [Source.DRAFT] * verdict.n_accepted + [_last_source(verdict, len(proposal.tokens))]
-            tokens = []
+            tokens, released = [], []
+            # Token by token, as plain decoding would: a stop string or an end-of-generation token
+            # inside the accepted run ends it there, and what follows is neither shown nor counted.
             for tok, src in zip(new, sources):
                 generated.append(tok)
                 if self.target.is_eog(tok):
                     reason = "eog"
                     break
                 tokens.append(Token(tok, text.decode(self.target.piece(tok)), src))
+                released.append(text.push(tokens[-1].text))
+                if text.stopped:
+                    reason = "stop"
+                    break
             context.extend(new)
-            released = text.push("".join(t.text for t in tokens))
-            answer.append(released)
-            step = Step(tuple(tokens), released, len(proposal.tokens), verdict.n_accepted,
+            answer.append("".join(released))
+            step = Step(tuple(tokens), answer[-1], len(proposal.tokens), verdict.n_accepted,
                         t_verify - t_draft, t_end - t_verify, proposal.guesser)
             self.guesser.observe(step.drafted, step.accepted, step.draft_s, step.verify_s)
             stats = stats.add_step(step)
             yield step
-            if reason == "eog":
-                break
-            if text.stopped:
-                reason = "stop"
+            if reason in ("eog", "stop"):
                 break
         answer.append(text.flush())
         yield Done(reason, "".join(answer), tuple(generated), replace(stats, wall_s=time.perf_counter() - t_decode))
