@@ -222,6 +222,10 @@ class AutoGuesser:
         self._replaced: int | None = None  # the copied token that the target just replaced, if any
         # The last step's source and, for lookup, where it copied from, its kind and match length.
         self._last: tuple[str, int, str, int] = ("none", 0, "far", 0)
+        # With a seed, choices must not depend on wall-clock timings: the curve stays as measured
+        # (cached per machine), so the same seed takes the same choices, and so the same random
+        # draws, in a fresh process.
+        self._timed = True
         if draft is not None:
             draft.keep_going = lambda confidences: keep_drafting(confidences, self.curve)
 
@@ -271,6 +275,7 @@ class AutoGuesser:
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
         self._last = ("none", 0, "far", 0)
+        self._timed = sampling.seed is None
         best = 1.0 / float(self.curve.verify(1))  # a plain step
         choice = Proposal.empty()
         copy = self._copy_source(context) if k > 0 else None
@@ -290,7 +295,8 @@ class AutoGuesser:
 
     def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
         source, start, kind, m = self._last
-        self.curve.observe_verify(drafted + 1, verify_s)
+        if self._timed:
+            self.curve.observe_verify(drafted + 1, verify_s)
         if source == "lookup":
             self.lookup_acceptance[kind].observe(m, drafted, accepted)
             # Only a guess that landed at least once shows where the answer copies from: a first-token
@@ -299,7 +305,8 @@ class AutoGuesser:
                 self._cursor = start + accepted
             self._replaced = self._cursor if 0 < accepted < drafted else None
         if source == "draft":
-            self.curve.observe_draft(drafted, draft_s)
+            if self._timed:
+                self.curve.observe_draft(drafted, draft_s)
             self.draft_acceptance.observe(accepted, accepted < drafted)
         # An option never chosen is never measured again: estimates that ruled a guesser out
         # drift back towards their priors, so that it is retried now and then.
