@@ -12,7 +12,7 @@ from specchat.errors import SpecchatError
 from specchat.loader import ModelChoice
 from specchat.spec.guessers import GUESSERS
 
-COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "costs", "models", "pull", "endurance")
+COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "costs", "models", "pull", "endurance", "serve")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,6 +90,16 @@ def _parser() -> argparse.ArgumentParser:
     pull = sub.add_parser("pull", help="fetch a model or a pair (all of the default pair if no name)")
     pull.add_argument("name", nargs="?", default=None)
     pull.set_defaults(run=_pull)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (needs specchat[server])")
+    _model_args(sv, guesser=False)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (default: $SPECCHAT_API_KEY); "
+                                                    "needed to listen on any address other machines can reach")
+    sv.add_argument("--queue", type=int, default=8, help="requests that may wait for the one running (default: 8); "
+                                                         "more are answered 503")
+    sv.set_defaults(run=_serve)
     return p
 
 
@@ -244,6 +254,17 @@ def _models(args: argparse.Namespace) -> int:
     for pair in catalog.pairs.values():
         mark = "*" if pair.name == catalog.default_pair else " "
         print(f" {mark}{pair.name:20} {pair.target} + {pair.draft}  ({pair.note})")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from specchat.server.run import serve
+    except ModuleNotFoundError as e:
+        if e.name not in ("fastapi", "uvicorn", "starlette", "pydantic"):
+            raise
+        raise SpecchatError("specchat serve needs the server extra: pip install 'specchat[server]'") from None
+    serve(_choice(args), args.host, args.port, args.api_key, args.queue, _progress)
     return 0
 
 

@@ -27,9 +27,10 @@ ALLOWED = {
     "models": {"store"},
     "services": {"llama", "spec", "models", "store"},
     "ui": {"llama", "spec", "models", "store", "services"},
+    "server": {"llama", "spec", "models", "store", "services"},  # specchat serve: beside the UI, never using it
 }
 SERVICES = {"backend", "loader", "documents"}
-NO_TEXTUAL = {"llama", "spec", "models", "store", "services"}
+NO_TEXTUAL = {"llama", "spec", "models", "store", "services", "server"}
 
 
 def layer_of(module: str) -> str | None:

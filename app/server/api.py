@@ -1,0 +1,132 @@
+"""The wire format: OpenAI's request fields as pydantic models, OpenAI-style error bodies, and the
+`usage` and llama-server `timings` objects computed from the engine's Stats.
+
+Models are strict (a string is not a number, 1 is not true) and ignore fields they do not know, as
+OpenAI's clients send many optional ones.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from specchat.spec.engine import Done, GenerationConfig, Stats
+from specchat.spec.guessers import GUESSERS
+from specchat.spec.sampling import SamplingConfig
+
+MAX_STOPS = 16  # OpenAI allows 4; llama-server any number. Each is searched for at every step.
+FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context_full": "length", "cancelled": "stop"}
+
+Probability = Annotated[float, Field(allow_inf_nan=False)]
+StopString = Annotated[str, StringConstraints(min_length=1)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class GenerationFields(_Strict):
+    """What /v1/chat/completions and /v1/completions share."""
+
+    model: str | None = None  # one model is served; any name is accepted, as llama-server does
+    temperature: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 1.0  # OpenAI's default
+    top_p: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    top_k: Annotated[int, Field(ge=0)] = 0
+    min_p: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    max_tokens: Annotated[int, Field(ge=1)] | None = None  # None: until the context is full
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
+    seed: Annotated[int, Field(ge=-1, lt=2**64)] | None = None  # -1: a random seed, as in llama.cpp
+    n: Literal[1] = 1  # batch 1: one answer per request
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # Not OpenAI's: which guesser proposes tokens, and how many it may propose at most.
+    guesser: Literal[tuple(GUESSERS)] = "auto"  # type: ignore[valid-type]
+    draft_length: Annotated[int, Field(ge=0)] | None = None
+
+    def generation_config(self, n_ctx: int) -> GenerationConfig:
+        seed = None if self.seed in (None, -1) else self.seed
+        sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p, seed)
+        limit = self.max_completion_tokens or self.max_tokens or n_ctx  # the context ends it first
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return GenerationConfig(sampling, min(limit, n_ctx), self.draft_length, stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+def _utf8(text: str) -> str:
+    # JSON can carry a lone surrogate ("\ud800"), which no tokenizer can encode.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+    return text
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+    _check = field_validator("text")(_utf8)
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer name for system
+    content: str | Annotated[list[TextPart], Field(min_length=1)]
+
+    _check = field_validator("content")(lambda v: _utf8(v) if isinstance(v, str) else v)
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatRequest(GenerationFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+
+
+class CompletionRequest(GenerationFields):
+    # Text, or token ids; a list of one text too (clients wrap it), but batch 1: never several.
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[list[int], Field(min_length=1)]
+
+    _check = field_validator("prompt")(lambda v: _utf8(v) if isinstance(v, str) else v)
+
+    def prompt_value(self) -> str | list[int]:
+        p = self.prompt
+        return p[0] if isinstance(p, list) and isinstance(p[0], str) else p  # type: ignore[return-value]
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def usage(stats: Stats) -> dict[str, Any]:
+    return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_tokens,
+            "total_tokens": stats.n_prompt + stats.n_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached}}
+
+
+def timings(stats: Stats) -> dict[str, Any]:
+    """llama-server's `timings` object. prompt_n counts the prompt tokens evaluated now, cache_n those
+    reused from the KV cache; predicted_ms is the engine's decode time (draft plus verify)."""
+    prompt_n = stats.n_prompt - stats.cached
+    prompt_ms, predicted_ms = stats.prefill_s * 1000, stats.decode_s * 1000
+    return {"cache_n": stats.cached,
+            "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": prompt_n / stats.prefill_s if stats.prefill_s > 0 else 0.0,
+            "predicted_n": stats.n_tokens, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / stats.n_tokens if stats.n_tokens else 0.0,
+            "predicted_per_second": stats.tokens_per_s,
+            "draft_n": stats.drafted, "draft_n_accepted": stats.accepted}
+
+
+def finish_reason(done: Done) -> str:
+    return FINISH_REASONS[done.reason]

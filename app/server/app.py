@@ -1,0 +1,302 @@
+"""The HTTP routes: OpenAI's chat and text completions (streamed as server-sent events or whole), the
+model list and a health check, with OpenAI-style errors for every failure.
+
+A request waits for the worker in its queue; a client that leaves, while waiting or while its answer
+is generated, cancels its job at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import threading
+import time
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
+
+from specchat.errors import ContextFull, SpecchatError
+from specchat.llama.template import Message
+from specchat.server.api import (
+    ChatRequest,
+    CompletionRequest,
+    GenerationFields,
+    error_body,
+    finish_reason,
+    timings,
+    usage,
+)
+from specchat.server.service import ContextLengthExceeded, ServedModel
+from specchat.server.worker import END, Busy, Failed, Worker
+from specchat.spec.engine import Done, Event, Step
+
+log = logging.getLogger("specchat.server")
+
+MAX_BODY = 4 * 2**20
+STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                405: "invalid_request_error", 413: "invalid_request_error", 503: "server_busy"}
+
+
+def error(status: int, message: str, param: str | None = None, code: str | None = None,
+          headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, STATUS_TYPES.get(status, "server_error"), param, code), status,
+                        headers=headers)
+
+
+def create_app(model: ServedModel, worker: Worker, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="specchat", max_body_size=MAX_BODY, docs_url=None, redoc_url=None, openapi_url=None)
+    _add_error_handlers(app)
+    app.add_middleware(_DeclaredSizeLimit)
+    authorized = [Depends(_bearer(api_key))] if api_key else []
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        c = worker.counters
+        return {"status": "ok", "model": model.id, "running": worker.running, "waiting": worker.waiting,
+                "completed": c.completed, "cancelled": c.cancelled, "dropped": c.dropped, "failed": c.failed,
+                "last": c.last}
+
+    @app.get("/v1/models", dependencies=authorized)
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model.id, "object": "model", "created": 0, "owned_by": "specchat",
+                                            "meta": {"n_ctx": model.n_ctx, "draft": model.pair.draft is not None}}]}
+
+    @app.post("/v1/chat/completions", dependencies=authorized)
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        messages = [Message("system" if m.role == "developer" else m.role, m.text()) for m in body.messages]
+        config = body.generation_config(model.n_ctx)
+
+        def work(cancel: threading.Event) -> Iterator[Event]:
+            return model.chat(messages, config, body.guesser, cancel)
+
+        return await _respond(request, worker, work, body, _Shape(model.id, chat=True))
+
+    @app.post("/v1/completions", dependencies=authorized)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        prompt, config = body.prompt_value(), body.generation_config(model.n_ctx)
+
+        def work(cancel: threading.Event) -> Iterator[Event]:
+            return model.complete(prompt, config, body.guesser, cancel)
+
+        return await _respond(request, worker, work, body, _Shape(model.id, chat=False))
+
+    return app
+
+
+class _Shape:
+    """The JSON of one kind of completion: chat (messages and deltas) or text."""
+
+    def __init__(self, model_id: str, chat: bool) -> None:
+        self.model, self.chat = model_id, chat
+        self.prompt_field = "messages" if chat else "prompt"  # the param a too-long prompt error names
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def _envelope(self, choices: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if stream and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+
+    def _choice(self, text: str | None, finish: str | None, stream: bool, role: bool = False) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+        if not self.chat:
+            choice["text"] = text or ""
+        elif stream:
+            choice["delta"] = ({"role": "assistant"} if role else {}) | ({"content": text} if text is not None else {})
+        else:
+            choice["message"] = {"role": "assistant", "content": text}
+        return choice
+
+    def whole(self, done: Done) -> dict[str, Any]:
+        return self._envelope([self._choice(done.text, finish_reason(done), stream=False)], stream=False) | {
+            "usage": usage(done.stats), "timings": timings(done.stats)}
+
+    def opening(self) -> dict[str, Any] | None:
+        return self._envelope([self._choice("", None, stream=True, role=True)], stream=True) if self.chat else None
+
+    def chunk(self, text: str) -> dict[str, Any]:
+        return self._envelope([self._choice(text, None, stream=True)], stream=True)
+
+    def last(self, done: Done) -> dict[str, Any]:
+        # llama-server puts `timings` in the final chunk; so the chunk with finish_reason carries it.
+        return self._envelope([self._choice(None, finish_reason(done), stream=True)], stream=True) | {
+            "timings": timings(done.stats)}
+
+    def usage(self, done: Done) -> dict[str, Any]:
+        # As OpenAI does with stream_options.include_usage: one more chunk, with no choices.
+        return self._envelope([], stream=True) | {"usage": usage(done.stats), "timings": timings(done.stats)}
+
+
+async def _respond(request: Request, worker: Worker, work: Callable[[threading.Event], Iterator[Event]],
+                   body: GenerationFields, shape: _Shape) -> Response:
+    try:
+        job = worker.submit(work)
+    except Busy as busy:
+        return error(503, f"the server is busy: {worker.max_waiting} requests are already waiting; retry later",
+                     code="server_busy", headers={"Retry-After": str(busy.retry_after)})
+    if not body.stream:
+        try:
+            outcome = await _unless_disconnected(request, _until_done(job.next, shape.prompt_field))
+        finally:
+            job.cancel.set()  # a no-op once it is done; at once if the client left
+        if outcome is None:
+            return Response(status_code=499)  # nobody is there to read it
+        return outcome if isinstance(outcome, Response) else JSONResponse(shape.whole(outcome))
+    try:
+        first = await _unless_disconnected(request, job.next())
+    except BaseException:
+        job.cancel.set()
+        raise
+    if first is None or first is END or isinstance(first, Failed):
+        job.cancel.set()
+        return Response(status_code=499) if first is None else _failure(first, shape.prompt_field)
+    # From here the response owns the job: whatever ends it (the end, a disconnect, a failed send)
+    # cancels the generation, which is a no-op once it is done.
+    return _CancellingStream(_events(job.next, first, shape, body.include_usage), job.cancel)
+
+
+async def _until_done(next_item: Callable[[], Awaitable[Any]], prompt_field: str) -> Done | Response:
+    while True:
+        item = await next_item()
+        if isinstance(item, Done):
+            return item
+        if item is END or isinstance(item, Failed):
+            return _failure(item, prompt_field)
+
+
+async def _events(next_item: Callable[[], Awaitable[Any]], first: Any, shape: _Shape,
+                  include_usage: bool) -> AsyncIterator[str]:
+    if (opening := shape.opening()) is not None:
+        yield _sse(opening)
+    sent = 0  # characters of the answer sent so far
+    item = first
+    while item is not END:
+        if isinstance(item, Failed):
+            yield _sse(json.loads(_failure(item, shape.prompt_field).body))
+            return
+        if isinstance(item, Step) and item.text:
+            sent += len(item.text)
+            yield _sse(shape.chunk(item.text))
+        elif isinstance(item, Done):
+            if rest := item.text[sent:]:  # text held back near a stop string, released at the end
+                yield _sse(shape.chunk(rest))
+            yield _sse(shape.last(item))
+            if include_usage:
+                yield _sse(shape.usage(item))
+            yield "data: [DONE]\n\n"
+            return
+        item = await next_item()
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _CancellingStream(StreamingResponse):
+    def __init__(self, content: AsyncIterator[str], cancel: threading.Event) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._cancel = cancel
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._cancel.set()
+
+
+async def _unless_disconnected(request: Request, awaitable: Awaitable[Any]) -> Any:
+    """The awaitable's result, or None as soon as the client disconnects."""
+    task = asyncio.ensure_future(awaitable)
+    left = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((task, left), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()  # a response that streams listens for the disconnect itself
+    if not task.done():
+        task.cancel()
+        return None
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    # The body has been read, so the next message the server hands us is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _failure(item: Any, prompt_field: str) -> JSONResponse:
+    if item is END:  # the worker stopped before this job ran: the server is shutting down
+        return error(503, "the server is stopping", code="server_stopping")
+    e = item.error
+    if isinstance(e, (ContextLengthExceeded, ContextFull)):
+        return error(400, str(e), param=prompt_field, code="context_length_exceeded")
+    if isinstance(e, SpecchatError):
+        return error(400, str(e))
+    log.error("generation failed", exc_info=e)
+    return error(500, f"internal error: {type(e).__name__}: {e}")
+
+
+class _DeclaredSizeLimit:
+    """A body whose Content-Length is over the limit gets a 413 in OpenAI's shape before it is read.
+    (FastAPI's own limit, which also counts bodies sent without a length, answers that case in plain text.)"""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"")
+            if length.isdigit() and int(length) > MAX_BODY:
+                await _too_large()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _too_large() -> JSONResponse:
+    return error(413, f"the body is larger than {MAX_BODY // 2**20} MiB", code="request_too_large")
+
+
+def _bearer(api_key: str) -> Callable[[Request], None]:
+    expected = f"Bearer {api_key}".encode()
+
+    def check(request: Request) -> None:
+        given = request.headers.get("authorization", "").encode()
+        if not secrets.compare_digest(given, expected):
+            raise StarletteHTTPException(401, "a valid API key is needed: send the header `Authorization: Bearer KEY`")
+
+    return check
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            return error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
+        if not loc and isinstance(first.get("input"), (bytes, str)):
+            return error(400, "the body must be a JSON object, sent with `Content-Type: application/json`")
+        where = ".".join(loc)
+        return error(400, f"{where or 'body'}: {first['msg']}", param=where or None, code="invalid_value")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+        message = {404: f"no route {request.method} {request.url.path}; the API is under /v1",
+                   413: f"the body is larger than {MAX_BODY // 2**20} MiB"}.get(exc.status_code, str(exc.detail))
+        return error(exc.status_code, message, code=code.get(exc.status_code), headers=exc.headers)
+
+    @app.exception_handler(SpecchatError)
+    async def bad_value(request: Request, exc: SpecchatError) -> JSONResponse:
+        return error(400, str(exc))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        log.error("request failed", exc_info=exc)
+        return error(500, f"internal error: {type(exc).__name__}")
