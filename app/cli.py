@@ -42,11 +42,13 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("chat", help="open the terminal app (the default when no command is given)")
     _model_args(c, guesser=False)
+    _remote_args(c)
     c.set_defaults(run=_chat, file=None)
 
     r = sub.add_parser("rewrite", help="open the terminal app in document rewrite mode")
     r.add_argument("file", type=Path)
     _model_args(r, guesser=False)
+    _remote_args(r)
     r.set_defaults(run=_chat)
 
     g = sub.add_parser("generate", help="answer one prompt (the answer on stdout, stats on stderr)")
@@ -124,6 +126,14 @@ def _model_args(p: argparse.ArgumentParser, guesser: bool = True, multi_guesser:
                             "(default: 4 for draft, 10 for lookup; the most auto may use: 16)")
 
 
+def _remote_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="chat with an OpenAI-compatible server (specchat serve, llama-server, vLLM) instead of local models")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="the server's API key (default: $SPECCHAT_API_KEY; never written to the settings)")
+    p.add_argument("--model", default=None, metavar="NAME", help="the server's model (default: the first it lists)")
+
+
 def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 512) -> None:
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -177,7 +187,14 @@ def _chat(args: argparse.Namespace) -> int:
 
     if args.file is not None:
         read_document(args.file)  # a missing or binary file is a one-line error, before the UI starts
-    SpecchatApp(_choice(args), rewrite_file=args.file).run()
+    remote, api_key = None, args.api_key or os.environ.get("SPECCHAT_API_KEY") or None
+    if args.server is not None:
+        from specchat.remote import RemoteChoice, base_urls, require_client
+
+        require_client()  # without the extra: one line saying how to install it, before the UI starts
+        base_urls(args.server)  # a malformed URL: one line, before the UI starts
+        remote = RemoteChoice(args.server, api_key, args.model)
+    SpecchatApp(_choice(args), rewrite_file=args.file, remote=remote, api_key=api_key).run()
     return 0
 
 

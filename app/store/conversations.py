@@ -56,6 +56,10 @@ MIGRATIONS = [
         "INSERT INTO message_text(message_text, rowid, content) VALUES ('delete', old.id, old.content); "
         "INSERT INTO message_text(rowid, content) VALUES (new.id, new.content); END",
     ),
+    # 4: the server a conversation's answers came from (`specchat --server URL`); NULL: this machine.
+    """
+    ALTER TABLE conversations ADD COLUMN server TEXT;
+    """,
 ]
 STATUSES = ("complete", "stopped", "partial")  # partial: the app died while generating it
 _BUSY_TIMEOUT_S = 10.0  # another instance's write transaction is short; wait rather than fail
@@ -70,6 +74,7 @@ class Conversation:
     id: int
     title: str
     updated: float
+    server: str | None = None  # the remote server its answers came from; None: this machine's models
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,7 @@ class Store:
         self.db.close()
 
     def conversations(self) -> list[Conversation]:
-        rows = self.db.execute("SELECT id, title, updated FROM conversations ORDER BY updated DESC, id DESC")
+        rows = self.db.execute("SELECT id, title, updated, server FROM conversations ORDER BY updated DESC, id DESC")
         return [Conversation(*row) for row in rows]
 
     def search(self, query: str, limit: int = 50) -> list[Conversation]:
@@ -166,7 +171,7 @@ class Store:
             return self.conversations()
         match = " ".join(f'"{w}"*' for w in words)  # quoted: FTS5 syntax in the query is just text
         rows = self.db.execute(
-            "SELECT id, title, updated FROM conversations WHERE id IN (SELECT m.conversation_id FROM message_text "
+            "SELECT id, title, updated, server FROM conversations WHERE id IN (SELECT m.conversation_id FROM message_text "
             "JOIN messages m ON m.id = message_text.rowid WHERE message_text MATCH ?) OR title LIKE ? "
             "ORDER BY updated DESC, id DESC LIMIT ?", (match, f"%{query.strip()}%", limit))
         return [Conversation(*row) for row in rows]
@@ -176,6 +181,14 @@ class Store:
         cur = self.db.execute("INSERT INTO conversations (title, created, updated) VALUES (?, ?, ?)",
                               (title, now, now))
         return Conversation(cur.lastrowid, title, now)
+
+    def set_server(self, conversation_id: int, server: str | None) -> None:
+        """Mark the conversation with the server that answers in it (None: this machine)."""
+        self.db.execute("UPDATE conversations SET server = ? WHERE id = ?", (server, conversation_id))
+
+    def server(self, conversation_id: int) -> str | None:
+        row = self.db.execute("SELECT server FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        return row[0] if row else None
 
     def rename(self, conversation_id: int, title: str) -> None:
         self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
@@ -216,6 +229,8 @@ class Store:
     def export_markdown(self, conversation_id: int) -> str:
         title = self.db.execute("SELECT title FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         lines = [f"# {title[0] if title else 'Conversation'}", ""]
+        if server := self.server(conversation_id):
+            lines += [f"Answered by the server at {server}", ""]
         for m in self.messages(conversation_id):
             mark = {"stopped": " (stopped)", "partial": " (interrupted)"}.get(m.status, "")
             lines += [f"## {m.role.capitalize()}{mark}", "", m.content, ""]

@@ -41,6 +41,9 @@ class Settings:
     gpu_layers: int = -1  # target layers on the GPU (Metal, CUDA builds); -1: all
     draft_gpu_layers: int = -1
     theme: str = ""  # "": Textual's default; set by the command palette's "Change theme"
+    # An OpenAI-compatible server to chat with instead of this machine's models ("": this machine).
+    # Its API key is never stored here: --api-key or SPECCHAT_API_KEY gives it.
+    server: str = ""
 
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)  # raises on bad values
@@ -56,6 +59,8 @@ class Settings:
             raise SpecchatError(f"context must be 256 to {1 << 20} tokens, got {self.context}")
         if not 0 <= self.threads <= 1024:
             raise SpecchatError(f"threads must be 0 (every core) to 1024, got {self.threads}")
+        if self.server and not self.server.startswith(("http://", "https://")):
+            raise SpecchatError(f"server must be empty or an http:// or https:// URL, got {self.server!r}")
         for key in ("gpu_layers", "draft_gpu_layers"):
             if not -1 <= getattr(self, key) <= 10_000:
                 raise SpecchatError(f"{key} must be -1 (all) to 10000, got {getattr(self, key)}")

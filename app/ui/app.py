@@ -18,11 +18,11 @@ from specchat.backend import Backend, BackendFactory, EngineBackend
 from specchat.errors import SpecchatError
 from specchat.loader import ModelChoice
 from specchat.models.catalog import Catalog, load_catalog
+from specchat.remote import RemoteBackend, RemoteChoice
 from specchat.store.conversations import Store
 from specchat.store.settings import Settings, load_settings, save_settings
 from specchat.ui.chat import ChatScreen, ConversationSearch
 from specchat.ui.screens import ErrorScreen, HelpScreen, SettingsScreen
-from specchat.ui.widgets import StatsPanel
 
 
 class SpecchatApp(App[None]):
@@ -39,9 +39,13 @@ class SpecchatApp(App[None]):
 
     def __init__(self, choice: ModelChoice | None = None, backend_factory: BackendFactory = EngineBackend,
                  store: Store | None = None, settings_path: Path | None = None,
-                 rewrite_file: Path | None = None) -> None:
+                 rewrite_file: Path | None = None, remote: RemoteChoice | None = None,
+                 api_key: str | None = None) -> None:
         super().__init__()
         self.choice = choice or ModelChoice()
+        # The command line's --server wins over the server setting, until Settings changes that setting.
+        # The API key (--api-key or SPECCHAT_API_KEY) lives only in memory, never in the settings file.
+        self.remote, self.api_key = remote, api_key
         self.store = store or Store()
         self.settings_path = settings_path
         self.settings, self._settings_problems = load_settings(settings_path)
@@ -107,8 +111,9 @@ class SpecchatApp(App[None]):
         if self.backend is not None:  # another pair: free the old one first (after any answer it is writing)
             self.backend.close()
             self.backend = None
-        backend = self.backend_factory(choice)
+        remote = self.remote or (RemoteChoice(s.server, self.api_key) if s.server else None)
         try:
+            backend = RemoteBackend(remote) if remote is not None else self.backend_factory(choice)
             backend.load(lambda what, done, total: self.call_from_thread(self._progress, what, done, total))
         except SpecchatError as e:
             self.call_from_thread(self.fail, str(e))
@@ -138,8 +143,11 @@ class SpecchatApp(App[None]):
         for warning in backend.warnings:  # e.g. the draft failed to load: lookup and plain decoding still work
             self.notify(warning, severity="warning", timeout=20)
         only = " · lookup and plain decoding only (see the notice)" if backend.warnings and not backend.has_draft else ""
-        self.chat.status(f"ready · guesser {self.settings.guesser} · {backend.name}{only}")
-        self.chat.query_one(StatsPanel).reset(backend.name, backend.baseline(), self.settings.guesser)
+        if isinstance(backend, RemoteBackend):
+            self.chat.status(f"ready · remote · {backend.name}")
+        else:
+            self.chat.status(f"ready · guesser {self.settings.guesser} · {backend.name}{only}")
+        self.chat.reset_stats()
         self.chat.show_context(None)
         self.chat.refresh_bindings()
         if self.rewrite_file is not None:
@@ -161,7 +169,9 @@ class SpecchatApp(App[None]):
         if settings is None:
             return
         reload = any(getattr(settings, key) != getattr(self.settings, key)
-                     for key in ("pair", "context", "threads", "gpu_layers", "draft_gpu_layers"))
+                     for key in ("pair", "context", "threads", "gpu_layers", "draft_gpu_layers", "server"))
+        if settings.server != self.settings.server:
+            self.remote = None  # the setting now says where to chat: this machine, or that server
         self.settings = settings
         try:
             save_settings(settings, self.settings_path)
@@ -169,7 +179,7 @@ class SpecchatApp(App[None]):
             self.notify(f"could not save the settings: {e.strerror or e}", severity="error", timeout=10)
         self.chat.status(f"guesser {settings.guesser}")
         if self.backend is not None and self.ready and not self.chat.busy:  # a streaming answer keeps its figures
-            self.chat.query_one(StatsPanel).reset(self.backend.name, self.backend.baseline(), settings.guesser)
+            self.chat.reset_stats()
         if reload:
             self.load_backend()
 

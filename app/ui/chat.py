@@ -13,7 +13,9 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
+from rich.text import Text
 from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -32,7 +34,7 @@ from specchat.spec.guessers import GUESSERS
 from specchat.store.files import atomic_write
 from specchat.ui.screens import ConfirmScreen, PromptScreen
 from specchat.ui.streaming import GenerationBatch, Pump
-from specchat.ui.widgets import MessageView, StatsPanel, code_blocks, summary_line
+from specchat.ui.widgets import STREAMING, MessageView, StatsPanel, code_blocks, summary_line
 
 if TYPE_CHECKING:
     from specchat.ui.app import SpecchatApp
@@ -41,11 +43,17 @@ _SAVE_INTERVAL_S = 0.25  # how often a streaming answer is written to the databa
 CONTEXT_WARNING = 0.8  # share of the context after which the meter warns that old turns will be left out
 
 
+def remote_server(backend: object) -> str | None:
+    """The server a remote backend talks to; None for this machine's engine (or no backend yet)."""
+    return getattr(backend, "server", None)
+
+
 class ConversationItem(ListItem):
     # No DOM id: the list is cleared and refilled, and a cleared item is removed only later,
     # so a quick second refresh would otherwise collide with ids still in the tree.
-    def __init__(self, conversation_id: int, title: str) -> None:
-        super().__init__(Label(title))
+    def __init__(self, conversation_id: int, title: str, server: str | None = None) -> None:
+        # A conversation answered by a remote server says which, under its title.
+        super().__init__(Label(Text.assemble(title, ("\n⇄ " + urlsplit(server).netloc, "dim")) if server else title))
         self.conversation_id = conversation_id
 
 
@@ -178,7 +186,7 @@ class ChatScreen(Screen[None]):
         view.clear()
         store = self.chat_app.store
         for conv in store.search(query) if query else store.conversations():
-            view.append(ConversationItem(conv.id, conv.title))
+            view.append(ConversationItem(conv.id, conv.title, conv.server))
 
     def open(self, conversation_id: int) -> None:
         self.conversation_id = conversation_id
@@ -188,6 +196,8 @@ class ChatScreen(Screen[None]):
         for m in messages:
             chat.mount(MessageView(m.role, m.content, (m.stats or {}).get("summary", ""), m.status))
         chat.scroll_end(animate=False)
+        server = self.chat_app.store.server(conversation_id)
+        self.sub_title = f"answered by {server}" if server else ""
         self.show_context(None)
 
     @on(ListView.Selected, "#conversations")
@@ -273,9 +283,15 @@ class ChatScreen(Screen[None]):
         chat.anchor()
         self.busy = True
         settings = app.settings
-        self.query_one(StatsPanel).reset(app.backend.name, app.backend.baseline(), settings.guesser)
-        self.status(f"generating with {settings.guesser}… (Esc stops)")
+        self.reset_stats()
+        server = remote_server(app.backend)
+        self.status(f"generating on {server}… (Esc stops)" if server else
+                    f"generating with {settings.guesser}… (Esc stops)")
         history = self.history()
+        if server is not None and app.store.server(self.conversation_id) != server:
+            app.store.set_server(self.conversation_id, server)  # the conversation says where its answers came from
+            self.sub_title = f"answered by {server}"
+            self.refresh_conversations()
         # Stored before the first token and updated as it streams: if specchat is killed, the
         # answer so far survives, marked partial.
         answer_id = app.store.add_message(self.conversation_id, "assistant", "", "partial", model=app.backend.name)
@@ -294,10 +310,21 @@ class ChatScreen(Screen[None]):
         finally:
             batch.handled()
 
+    def reset_stats(self) -> None:
+        """Clear the panel for the next answer (or a new backend): a remote one is labelled as such."""
+        backend, settings = self.chat_app.backend, self.chat_app.settings
+        if backend is None:
+            return
+        remote = remote_server(backend) is not None
+        self.query_one(StatsPanel).reset(backend.name, backend.baseline(), "the server's own" if remote else
+                                         settings.guesser, STREAMING if remote else "")
+
     async def _show(self, batch: GenerationBatch) -> None:
         assert self._answer is not None
         view, answer_id, notices = self._answer
         store, stats, guesser = self.chat_app.store, self.query_one(StatsPanel), self.chat_app.settings.guesser
+        # A remote answer's figures are the server's; the summary names their source where a guesser would be.
+        figures = getattr(self.chat_app.backend, "figures", "") if remote_server(self.chat_app.backend) else ""
         if batch.prefill is not None:
             stats.prefill(batch.prefill.seconds)
         for text in batch.notices:
@@ -313,6 +340,9 @@ class ChatScreen(Screen[None]):
             stats.flush()
         if batch.done is not None:
             done = batch.done
+            if figures:
+                stats.finish(done.stats, figures)
+                guesser = figures
             status = "stopped" if done.reason == "cancelled" else "complete"
             # A notice (e.g. old turns dropped to fit the context) stays with the answer it concerns.
             summary = " · ".join([summary_line(done.stats, guesser, done.reason), *notices])
@@ -324,7 +354,8 @@ class ChatScreen(Screen[None]):
                                   "tokens_per_s": done.stats.tokens_per_s,
                                   "tokens_per_step": done.stats.tokens_per_step,
                                   "wall_tokens_per_s": done.stats.wall_tokens_per_s})
-            self.status(f"{status if status == 'stopped' else 'done'} · guesser {guesser} · Ctrl+R regenerates")
+            source = f"figures: {figures}" if figures else f"guesser {guesser}"
+            self.status(f"{status if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates")
             self.show_context(done.stats.n_prompt + done.stats.n_tokens)
         elif batch.error is not None:
             # Whatever streamed before the failure stays, marked stopped; an empty answer goes.

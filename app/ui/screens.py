@@ -138,6 +138,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
         s = self.settings
         with VerticalScroll(classes="dialog settings"):
             yield Label("Settings (Ctrl+S saves, Esc cancels)", classes="dialog-title")
+            yield Label("Server URL: an OpenAI-compatible server to chat with instead (empty: this machine's models)")
+            yield Input(s.server, id="server", placeholder="http://HOST:8080")
             yield Label("Model pair")
             yield Select([(self._pair_label(n), n) for n in self.catalog.pairs],
                          value=s.pair or self.catalog.default_pair, id="pair", allow_blank=False)
@@ -182,6 +184,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             values["pair"] = self.query_one("#pair", Select).value
             values["system_prompt"] = self.query_one("#system_prompt", TextArea).text
             values["offline"] = self.query_one("#offline", Checkbox).value
+            values["server"] = self.query_one("#server", Input).value.strip()
             self.dismiss(replace(self.settings, **values))
         except SpecchatError as e:
             self.query_one("#settings-error", Static).update(str(e))

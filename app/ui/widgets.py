@@ -37,6 +37,8 @@ def summary_line(stats: Stats, guesser: str, reason: str) -> str:
             f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%} · {guesser}{ending}")
 
 
+STREAMING = "the stream, until the server reports"  # a remote answer's figures while it streams
+
 SPARK = " ▁▂▃▄▅▆▇█"
 # The numbers need not move faster than this while an answer streams: every redraw of the panel
 # relayouts the screen, which on a 2-core CPU slows the decoding it reports on.
@@ -130,8 +132,10 @@ class StatsPanel(Vertical):
     def on_mount(self) -> None:
         self.reset("", None)
 
-    def reset(self, model: str, baseline: Baseline | None, guesser: str = "") -> None:
-        self.model, self.baseline, self.guesser = model, baseline, guesser
+    def reset(self, model: str, baseline: Baseline | None, guesser: str = "", figures: str = "") -> None:
+        """`figures` names where the numbers come from when that is not this machine's engine (a remote
+        server: its timings, its metrics, or the stream alone); "" for the engine, whose steps are its own."""
+        self.model, self.baseline, self.guesser, self.figures = model, baseline, guesser, figures
         self.steps: list[Step] = []
         self.totals = Stats()  # kept as steps arrive, so a redraw does not re-add them all
         self.ttft: float | None = None
@@ -160,18 +164,29 @@ class StatsPanel(Vertical):
     def flush(self) -> None:
         self._show()
 
+    def finish(self, stats: Stats, figures: str) -> None:
+        """A remote answer ended: show the figures the server reported for it (its streamed chunks
+        are not its steps), labelled with where they came from."""
+        self.totals, self.figures = stats, figures
+        self._show()
+
     def _show(self) -> None:
         self._shown_at = time.monotonic()
-        steps, t = self.steps, self.totals
+        steps, t, remote = self.steps, self.totals, bool(self.figures)
         base = self.baseline.tokens_per_s if self.baseline else 0.0
+        # A remote stream's steps are chunks: tokens per step and the draft length are the server's to
+        # tell, so they show only once it has (at the end of the answer), never as 1 token a chunk.
+        exact = not remote or self.figures != STREAMING
         lines = [
             f"model     {self.model}",
             f"guesser   {self.guesser}",
+            *([f"figures   {self.figures}"] if remote else []),
             f"tok/s     {t.tokens_per_s:6.1f}  (decode only)",
             f"first tok {self.ttft:6.2f}s" if self.ttft is not None else "first tok      –",
-            f"tok/step  {t.tokens_per_step:6.2f}" if steps else "tok/step       –",
+            f"tok/step  {t.tokens_per_step:6.2f}" if t.steps and exact else "tok/step       –",
             f"accept    {t.acceptance:6.0%}  ({t.accepted}/{t.drafted})" if t.drafted else "accept         –",
-            f"draft len {steps[-1].drafted:6d}" if steps else "draft len      –",
+            f"draft len {steps[-1].drafted:6d}" if steps and not remote else "draft len      –",
+            f"chunks    {len(steps):6d}" if remote else
             "steps     " + ", ".join(f"{n} {src}" for src, n in Counter(s.guesser for s in steps).most_common())
             if steps else "steps          –",
             f"speedup   {t.tokens_per_s / base:6.2f}x" if steps and base else "speedup        –",
@@ -180,12 +195,14 @@ class StatsPanel(Vertical):
         # The last steps that fit, on a fixed scale: none yet is an empty chart, not a full one.
         recent = [len(s.tokens) for s in steps[-28:]]
         top = max([*recent, 2])
-        self.query_one("#spark-caption", Static).update(f"tok/step, last {len(recent)} (top {top})"
+        unit = "tok/chunk (stream)" if remote else "tok/step"
+        self.query_one("#spark-caption", Static).update(f"{unit}, last {len(recent)} (top {top})"
                                                          if recent else "tokens per step")
         self.query_one("#spark", Static).update(sparkline(recent, top) if recent else "·")
         runs = Counter(s.accepted for s in steps if s.drafted)
         top = max(runs.values(), default=1)
         self.query_one("#runs", Static).update(
             "\n".join(f"{k:2d} {'█' * max(1, round(12 * v / top))} {v}" for k, v in sorted(runs.items())) or "–")
-        how = (f"baseline {base:.1f} tok/s: {self.baseline.how}" if self.baseline else "baseline: not measured yet")
+        how = (f"baseline {base:.1f} tok/s: {self.baseline.how}" if self.baseline else
+               "baseline: none (the server's plain speed is not known here)" if remote else "baseline: not measured yet")
         self.query_one("#baseline", Static).update(how)

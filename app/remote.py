@@ -1,0 +1,326 @@
+"""The app on another machine: a Backend over any OpenAI-compatible server (specchat serve,
+llama-server, vLLM), through the official `openai` client.
+
+The server's stream becomes the engine's own events (Prefill, Step per streamed chunk, Done), so
+the UI, the stats panel and the store treat a remote answer like a local one. Done's Stats carry
+the best figures the server reports, and `figures` says which they are:
+
+- llama-server and `specchat serve` put a `timings` object on the last chunk: drafted, accepted,
+  and the server's own decode time, for this answer alone;
+- vLLM has only server-wide Prometheus counters (`/metrics`), read before and after the answer;
+- anything else: tokens per second as the stream delivered them.
+
+`openai` and `prometheus_client` are an optional extra (`pip install 'specchat[remote]'`): they are
+imported only when a remote backend is used.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from urllib.parse import urlsplit
+
+from specchat.backend import BackendEvent, Baseline
+from specchat.errors import SpecchatError
+from specchat.llama.template import Message
+from specchat.models.fetch import Progress
+from specchat.spec.engine import Done, GenerationConfig, Prefill, Source, Stats, Step, Token
+
+if TYPE_CHECKING:  # the client is an optional extra
+    import openai
+
+INSTALL = "pip install 'specchat[remote]'"
+API_KEY_ENV = "SPECCHAT_API_KEY"
+TIMINGS, METRICS, STREAM = "server timings", "vLLM metrics (server-wide)", "stream only"
+# vLLM's speculative-decoding counters (Prometheus sample names; the family drops the _total).
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+DEFAULT_CONTEXT = 4096  # when the server does not say how long its context is
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 600.0  # between two chunks: a big model's prefill on a slow machine can be long
+CANCEL_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class RemoteChoice:
+    """Which server, which key (never written to the settings file), which of its models (None: its first)."""
+
+    url: str
+    api_key: str | None = None
+    model: str | None = None
+
+
+def base_urls(url: str) -> tuple[str, str]:
+    """The server's root (where /metrics is) and its API base (root + /v1), from what the user gave."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SpecchatError(f"--server needs an http:// or https:// URL such as http://HOST:8080, got {url!r}")
+    try:
+        parts.port  # noqa: B018 (parsing it is the check)
+    except ValueError:
+        raise SpecchatError(f"the port in {url!r} is not a number") from None
+    path = parts.path.rstrip("/").removesuffix("/v1")
+    root = f"{parts.scheme}://{parts.netloc}{path}"
+    return root, root + "/v1"
+
+
+def require_client() -> Any:
+    """The openai module, or a one-line error saying how to install it."""
+    try:
+        import openai
+        import prometheus_client  # noqa: F401 (read vLLM's metrics)
+    except ImportError as e:
+        raise SpecchatError(f"--server needs the {e.name or 'openai'} package: {INSTALL}") from None
+    return openai
+
+
+def spec_counters(text: str) -> dict[str, float]:
+    """vLLM's speculative-decoding counters from a Prometheus text page, summed over their labels
+    (one series per model and engine)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in (DRAFT_TOKENS, ACCEPTED_TOKENS):
+                    counts[sample.name] = counts.get(sample.name, 0.0) + sample.value
+    except ValueError:  # not a Prometheus page (some other server's /metrics)
+        return {}
+    return counts
+
+
+def stats_from_timings(timings: Mapping[str, Any], stream_s: float) -> Stats:
+    """llama-server's (and specchat serve's) figures for one answer. Every target step yields one
+    token of its own plus the drafts it accepted, so steps = predicted_n - draft_n_accepted."""
+    n = int(timings.get("predicted_n") or 0)
+    drafted, accepted = int(timings.get("draft_n") or 0), int(timings.get("draft_n_accepted") or 0)
+    cached = int(timings.get("cache_n") or 0)
+    return Stats(n_prompt=int(timings.get("prompt_n") or 0) + cached, cached=cached,
+                 prefill_s=float(timings.get("prompt_ms") or 0) / 1000, n_tokens=n, steps=max(0, n - accepted),
+                 drafted=drafted, accepted=accepted, verify_s=float(timings.get("predicted_ms") or 0) / 1000,
+                 wall_s=stream_s)
+
+
+def stats_from_counters(before: Mapping[str, float], after: Mapping[str, float], n_prompt: int, n_tokens: int,
+                        prefill_s: float, stream_s: float) -> Stats:
+    """vLLM's counters' growth over this answer (server-wide: other clients' answers count too)."""
+    drafted = int(after.get(DRAFT_TOKENS, 0) - before.get(DRAFT_TOKENS, 0))
+    accepted = int(after.get(ACCEPTED_TOKENS, 0) - before.get(ACCEPTED_TOKENS, 0))
+    return Stats(n_prompt=n_prompt, prefill_s=prefill_s, n_tokens=n_tokens,
+                 steps=max(0, n_tokens - accepted) if drafted else 0, drafted=max(0, drafted),
+                 accepted=max(0, accepted), verify_s=stream_s, wall_s=stream_s)
+
+
+def stats_from_stream(n_prompt: int, n_tokens: int, prefill_s: float, stream_s: float) -> Stats:
+    """Nothing but the stream: tokens, and the time from the first chunk to the last."""
+    return Stats(n_prompt=n_prompt, prefill_s=prefill_s, n_tokens=n_tokens, verify_s=stream_s, wall_s=stream_s)
+
+
+class RemoteBackend:
+    """A model on an OpenAI-compatible server. One generation at a time, as the engine runs."""
+
+    has_draft = False  # the server drafts (or not) by its own configuration; the guesser setting is moot
+    warnings: list[str] = []
+
+    def __init__(self, choice: RemoteChoice) -> None:
+        self.choice = choice
+        self.root, self.base = base_urls(choice.url)
+        self.server = self.root  # what conversations are marked with
+        self.name = f"… @ {self.host}"
+        self.model = choice.model
+        self.n_ctx = DEFAULT_CONTEXT
+        self.figures = STREAM  # where the last answer's figures came from (the panel labels them)
+        self.has_metrics = False
+        self.warnings = []
+        self._client: openai.OpenAI | None = None
+        self._busy = threading.Lock()
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.root).netloc
+
+    # --- the Backend protocol ------------------------------------------------------------------
+
+    def load(self, progress: Progress) -> None:
+        openai = require_client()
+        progress(f"connecting to {self.host}", 0, 1)
+        self._client = openai.OpenAI(base_url=self.base, api_key=self.choice.api_key or "none", max_retries=0,
+                                     timeout=openai.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+        try:
+            models = list(self._client.models.list())
+        except openai.APIError as e:
+            raise SpecchatError(self._explain(e)) from None
+        names = [m.id for m in models]
+        if not names:
+            raise SpecchatError(f"the server at {self.root} lists no models (GET /v1/models is empty)")
+        self.model = self.choice.model or names[0]
+        if self.model not in names:
+            raise SpecchatError(f"the server at {self.root} has no model {self.model!r}; it has {', '.join(names)} "
+                                "(choose one with --model)")
+        info = (models[names.index(self.model)].model_extra or {})
+        meta = info.get("meta") or {}
+        self.n_ctx = int(info.get("max_model_len") or meta.get("n_ctx") or meta.get("n_ctx_train") or DEFAULT_CONTEXT)
+        self.has_metrics = bool(self._counters())
+        self.name = f"{self.model} @ {self.host}"
+        progress("ready", 1, 1)
+
+    def baseline(self) -> Baseline | None:
+        return None  # plain decoding on the server is not timed from here
+
+    def count_tokens(self, text: str) -> int:
+        # No tokenizer here: about four characters a token. After each answer the meter shows the
+        # server's own count (usage / timings).
+        return len(text) // 4 + 1
+
+    def close(self) -> None:
+        with self._busy:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
+             cancel: threading.Event) -> Iterator[BackendEvent]:
+        with self._busy:
+            if self._client is None:
+                raise SpecchatError(f"not connected to {self.root}")
+            yield from self._generate(self._client, messages, config, cancel)
+
+    # --- one answer -----------------------------------------------------------------------------
+
+    def _generate(self, client: openai.OpenAI, messages: Sequence[Message], config: GenerationConfig,
+                  cancel: threading.Event) -> Iterator[BackendEvent]:
+        import openai
+
+        before = self._counters() if self.has_metrics else {}
+        s = config.sampling
+        extra = {k: v for k, v in (("top_k", s.top_k), ("min_p", s.min_p)) if v}  # llama-server and vLLM take these
+        t0 = time.perf_counter()
+        try:
+            stream = client.chat.completions.create(
+                model=self.model or "", messages=[{"role": m.role, "content": m.content} for m in messages],
+                stream=True, stream_options={"include_usage": True}, temperature=s.temperature, top_p=s.top_p,
+                max_tokens=config.max_tokens, seed=s.seed, stop=list(config.stop) or None, extra_body=extra or None)
+        except openai.APIError as e:
+            raise SpecchatError(self._explain(e)) from None
+        ended = threading.Event()
+        # Esc closes the HTTP stream at once, even while the server is silent (a long prefill): the
+        # server sees the connection go and stops generating.
+        watcher = threading.Thread(target=_close_on_cancel, args=(stream, cancel, ended), daemon=True)
+        watcher.start()
+        text: list[str] = []
+        timings: Mapping[str, Any] | None = None
+        usage = None
+        finish: str | None = None
+        first = last = None
+        chunks = 0
+        try:
+            try:
+                for chunk in stream:
+                    if cancel.is_set():
+                        break
+                    timings = (chunk.model_extra or {}).get("timings") or timings
+                    usage = chunk.usage or usage
+                    for choice in chunk.choices[:1]:
+                        finish = choice.finish_reason or finish
+                        piece = choice.delta.content if choice.delta is not None else None
+                        if not piece:
+                            continue
+                        now = time.perf_counter()
+                        if first is None:
+                            first = now
+                            yield Prefill(0, 0, now - t0)
+                        chunks += 1
+                        text.append(piece)
+                        yield Step((Token(-1, piece, Source.PLAIN),), piece, 0, 0, 0.0,
+                                   now - (last or now), "remote")
+                        last = now
+            except (openai.APIError, OSError, RuntimeError) as e:
+                # A stream closed by the watcher fails in whatever way the transport fails.
+                if not cancel.is_set():
+                    raise SpecchatError(self._explain(e) if isinstance(e, openai.APIError) else
+                                        f"the connection to {self.root} broke: {e}") from None
+        finally:
+            ended.set()
+            stream.close()
+        reason = "cancelled" if cancel.is_set() else {"length": "max_tokens", "stop": "eog"}.get(finish or "", "eog")
+        n_prompt = usage.prompt_tokens if usage is not None else 0
+        n_tokens = usage.completion_tokens if usage is not None and reason != "cancelled" else chunks
+        prefill_s = (first or time.perf_counter()) - t0
+        stream_s = (last or 0.0) - (first or 0.0)
+        if timings and timings.get("predicted_n") is not None:
+            self.figures, stats = TIMINGS, stats_from_timings(timings, stream_s)
+        elif self.has_metrics:
+            self.figures = METRICS
+            stats = stats_from_counters(before, self._counters(), n_prompt, n_tokens, prefill_s, stream_s)
+        else:
+            self.figures, stats = STREAM, stats_from_stream(n_prompt, n_tokens, prefill_s, stream_s)
+        yield Done(reason, "".join(text), (), stats)
+
+    def _counters(self) -> dict[str, float]:
+        """vLLM's speculative-decoding counters now, or {} where the server has none."""
+        request = urllib.request.Request(self.root + "/metrics")
+        if self.choice.api_key:
+            request.add_header("Authorization", f"Bearer {self.choice.api_key}")
+        try:
+            with urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S) as reply:  # noqa: S310 (the user's URL)
+                return spec_counters(reply.read(4 << 20).decode("utf-8", "replace"))
+        except (OSError, urllib.error.URLError, ValueError):
+            return {}
+
+    def _explain(self, e: Exception) -> str:
+        """One line for what went wrong talking to the server, and what to do about it."""
+        import openai
+
+        if isinstance(e, openai.APITimeoutError):
+            return f"the server at {self.root} did not answer in time; is it overloaded or behind a firewall?"
+        if isinstance(e, openai.APIConnectionError):
+            cause = e.__cause__ or e.__context__
+            why = f" ({_root_cause(cause)})" if cause is not None else ""
+            return f"cannot reach a server at {self.root}{why}; is it running, and is the URL right?"
+        if isinstance(e, openai.AuthenticationError | openai.PermissionDeniedError):
+            return (f"the server at {self.root} refused the API key ({e.status_code}); "
+                    f"pass --api-key KEY or set {API_KEY_ENV}")
+        if isinstance(e, openai.NotFoundError):
+            return (f"{self.root} answered 404 ({_message(e)}): no OpenAI-compatible server at that URL"
+                    + (f", or no model {self.model!r} there" if self.model else "")
+                    + "; give the server's base URL, e.g. http://HOST:8080")
+        if isinstance(e, openai.APIStatusError):
+            return f"the server at {self.root} answered {e.status_code}: {_message(e)}"
+        return f"the server at {self.root} sent something unexpected: {e}"
+
+
+def _close_on_cancel(stream: Any, cancel: threading.Event, ended: threading.Event) -> None:
+    while not ended.is_set():
+        if cancel.wait(CANCEL_POLL_S):
+            # Closing the response alone does not wake a read blocked in another thread; shutting
+            # the socket down does (the read then fails, and the generator ends as cancelled).
+            try:
+                stream.response.extensions["network_stream"].get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+            except (AttributeError, KeyError, OSError):
+                pass
+            stream.close()
+            return
+
+
+def _root_cause(e: BaseException) -> str:
+    while (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    text = str(e).strip() or type(e).__name__
+    return text.split("] ")[-1] if text.startswith("[Errno") else text
+
+
+def _message(e: Any) -> str:
+    body = getattr(e, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body.get("detail", body))
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+    return str(getattr(e, "message", e)).splitlines()[0]

@@ -1,0 +1,371 @@
+"""The app on a remote engine: RemoteBackend and `specchat --server` against a small OpenAI-compatible
+server started on 127.0.0.1 by each test (tests/fake_openai.py), through the official openai client."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from fake_openai import ACCEPTED, DRAFTED, FakeServer, free_port, serving
+from fakes import FakeBackend
+from test_ui import answered, make_app, send, until
+
+from specchat import cli
+from specchat.errors import SpecchatError
+from specchat.llama.template import Message
+from specchat.remote import (
+    ACCEPTED_TOKENS,
+    DRAFT_TOKENS,
+    METRICS,
+    STREAM,
+    TIMINGS,
+    RemoteBackend,
+    RemoteChoice,
+    base_urls,
+    spec_counters,
+    stats_from_timings,
+)
+from specchat.spec.engine import Done, GenerationConfig, Prefill, Step
+from specchat.store.conversations import MIGRATIONS, Store
+from specchat.store.settings import load_settings
+from specchat.ui.screens import ErrorScreen
+from specchat.ui.widgets import MessageView, StatsPanel
+
+ANSWER = FakeServer().answer
+N_WORDS = len(ANSWER.split(" "))  # the fake server streams one word a chunk, and counts a word a token
+
+
+def loaded(url: str, api_key: str | None = None, model: str | None = None) -> RemoteBackend:
+    backend = RemoteBackend(RemoteChoice(url, api_key, model))
+    backend.load(lambda what, done, total: None)
+    return backend
+
+
+def generate(backend: RemoteBackend, cancel: threading.Event | None = None) -> list:
+    return list(backend.chat([Message("user", "Say hello")], GenerationConfig(), "auto", cancel or threading.Event()))
+
+
+def error_of(url: str, api_key: str | None = None, model: str | None = None) -> str:
+    with pytest.raises(SpecchatError) as e:
+        loaded(url, api_key, model)
+    return str(e.value)
+
+
+def panel(app) -> str:
+    return str(app.chat.query_one(StatsPanel).query_one("#numbers").render())
+
+
+# --- the figures, as pure functions ---------------------------------------------------------------
+
+
+def test_tokens_per_step_from_timings_counts_one_target_token_per_step():
+    # 40 tokens, of which 30 were accepted drafts: 10 steps, each its own token plus 3 drafts.
+    stats = stats_from_timings({"prompt_n": 5, "prompt_ms": 20.0, "cache_n": 7, "predicted_n": 40,
+                                "predicted_ms": 500.0, "draft_n": 36, "draft_n_accepted": 30}, stream_s=0.6)
+    assert (stats.n_tokens, stats.steps, stats.tokens_per_step) == (40, 10, 4.0)
+    assert (stats.drafted, stats.accepted) == (36, 30) and stats.acceptance == pytest.approx(30 / 36)
+    assert stats.tokens_per_s == pytest.approx(80.0)  # the server's predicted_per_second
+    assert (stats.n_prompt, stats.cached, stats.prefill_s) == (12, 7, pytest.approx(0.02))
+
+
+def test_timings_without_drafting_are_plain_steps():
+    stats = stats_from_timings({"prompt_n": 3, "prompt_ms": 1.0, "predicted_n": 8, "predicted_ms": 100.0}, 0.1)
+    assert (stats.steps, stats.drafted, stats.tokens_per_step) == (8, 0, 1.0)
+
+
+def test_vllm_counters_are_summed_over_their_labels_and_other_metrics_ignored():
+    page = ("# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 30.0\n'
+            'vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 12.0\n'
+            "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 20.0\n'
+            "# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{model_name="m"} 1.0\n')
+    assert spec_counters(page) == {DRAFT_TOKENS: 42.0, ACCEPTED_TOKENS: 20.0}
+    assert spec_counters("<html>not a metrics page</html>") == {}
+
+
+@pytest.mark.parametrize("given, root", [
+    ("http://gpu-box:8080", "http://gpu-box:8080"),
+    ("http://gpu-box:8080/", "http://gpu-box:8080"),
+    ("http://gpu-box:8080/v1", "http://gpu-box:8080"),
+    ("https://example.org/llm/v1/", "https://example.org/llm"),
+])
+def test_the_api_base_is_the_root_plus_v1_however_the_url_is_given(given, root):
+    assert base_urls(given) == (root, root + "/v1")
+
+
+@pytest.mark.parametrize("bad", ["gpu-box:8080", "ftp://gpu-box", "http://", "http://host:port"])
+def test_a_malformed_server_url_is_one_line(bad):
+    with pytest.raises(SpecchatError) as e:
+        base_urls(bad)
+    assert "\n" not in str(e.value) and repr(bad) in str(e.value)
+
+
+# --- the backend against the three kinds of server ---------------------------------------------------
+
+
+def test_llama_server_timings_become_the_answers_stats():
+    with serving(FakeServer(kind="timings")) as server:
+        backend = loaded(server.url)
+        assert backend.name == f"fake-target @ {server.url.removeprefix('http://')}"
+        assert backend.n_ctx == 8192  # llama-server's meta.n_ctx_train
+        events = generate(backend)
+    assert isinstance(events[0], Prefill)
+    steps = [e for e in events if isinstance(e, Step)]
+    assert "".join(s.text for s in steps) == ANSWER and len(steps) == N_WORDS
+    done = events[-1]
+    assert isinstance(done, Done) and done.reason == "eog" and done.text == ANSWER
+    assert backend.figures == TIMINGS
+    s = done.stats
+    assert (s.drafted, s.accepted, s.n_tokens, s.steps) == (DRAFTED, ACCEPTED, N_WORDS, N_WORDS - ACCEPTED)
+    assert s.tokens_per_s == pytest.approx(N_WORDS / 0.25)  # the server's own decode time
+    assert (s.n_prompt, s.cached) == (12, 2)
+    request = server.requests[-1]
+    assert request["stream"] is True and request["model"] == "fake-target"
+    assert request["messages"] == [{"role": "user", "content": "Say hello"}]
+
+
+def test_vllm_metrics_are_read_before_and_after_the_answer():
+    with serving(FakeServer(kind="vllm")) as server:
+        backend = loaded(server.url)
+        assert backend.has_metrics and backend.n_ctx == 2048  # vLLM's max_model_len
+        done = generate(backend)[-1]
+        again = generate(backend)[-1]
+    assert backend.figures == METRICS
+    # The counters started at 1000/700 (earlier traffic): only this answer's growth counts.
+    for d in (done, again):
+        assert (d.stats.drafted, d.stats.accepted) == (DRAFTED, ACCEPTED)
+        assert d.stats.n_tokens == N_WORDS and d.stats.steps == N_WORDS - ACCEPTED
+
+
+def test_a_server_that_reports_nothing_gives_tokens_per_second_from_the_stream():
+    with serving(FakeServer(kind="plain")) as server:
+        backend = loaded(server.url)
+        done = generate(backend)[-1]
+    assert backend.figures == STREAM and not backend.has_metrics
+    assert (done.stats.drafted, done.stats.steps, done.stats.n_tokens) == (0, 0, N_WORDS)
+    assert done.stats.tokens_per_s > 0 and done.stats.acceptance == 0.0
+
+
+def test_sampling_settings_and_the_chosen_model_reach_the_server():
+    from specchat.spec.sampling import SamplingConfig
+
+    with serving(FakeServer()) as server:
+        backend = loaded(server.url, model="fake-other")
+        config = GenerationConfig(SamplingConfig(0.7, top_k=40, top_p=0.9, min_p=0.05, seed=3), max_tokens=77)
+        list(backend.chat([Message("system", "Be brief."), Message("user", "Hi")], config, "auto", threading.Event()))
+    r = server.requests[-1]
+    assert r["model"] == "fake-other" and r["max_tokens"] == 77 and r["seed"] == 3
+    assert (r["temperature"], r["top_p"], r["top_k"], r["min_p"]) == (0.7, 0.9, 40, 0.05)
+    assert [m["role"] for m in r["messages"]] == ["system", "user"]
+
+
+def test_cancel_closes_the_stream_while_the_server_is_silent():
+    with serving(FakeServer(pause_after=3)) as server:
+        backend = loaded(server.url)
+        cancel, events = threading.Event(), []
+        worker = threading.Thread(target=lambda: events.extend(generate(backend, cancel)))
+        worker.start()
+        assert server.paused.wait(10)
+        cancel.set()
+        worker.join(5)  # the server would stay silent for 10 s: only closing the stream ends this in time
+        assert not worker.is_alive(), "the generation did not end on cancel"
+        assert server.disconnected.wait(5), "the server never saw the client go"
+    done = events[-1]
+    assert isinstance(done, Done) and done.reason == "cancelled"
+
+
+# --- errors: one line each ---------------------------------------------------------------------------
+
+
+def test_connection_refused_is_one_line():
+    url = f"http://127.0.0.1:{free_port()}"
+    message = error_of(url)
+    assert message.startswith(f"cannot reach a server at {url}") and "\n" not in message
+
+
+def test_a_wrong_or_missing_api_key_is_one_line_saying_how_to_give_it():
+    with serving(FakeServer(api_key="sesame")) as server:
+        for key in (None, "wrong"):
+            message = error_of(server.url, api_key=key)
+            assert "refused the API key (401)" in message and "--api-key" in message and "SPECCHAT_API_KEY" in message
+            assert "\n" not in message and "sesame" not in message
+        assert loaded(server.url, api_key="sesame").model == "fake-target"
+
+
+def test_a_model_the_server_does_not_have_names_the_ones_it_has():
+    with serving(FakeServer()) as server:
+        message = error_of(server.url, model="gpt-9")
+    assert message == (f"the server at {server.url} has no model 'gpt-9'; it has fake-target, fake-other "
+                       "(choose one with --model)")
+
+
+def test_a_url_that_is_not_an_openai_server_is_one_line():
+    with serving(FakeServer()) as server:
+        message = error_of(server.url + "/not/here")
+    assert "answered 404" in message and "base URL" in message and "\n" not in message
+
+
+# --- the app -----------------------------------------------------------------------------------------
+
+
+def remote_app(tmp_path: Path, url: str, **kwargs):
+    # The local backend factory is a fake: only the server should be talked to.
+    return make_app(tmp_path, FakeBackend(), remote=RemoteChoice(url, kwargs.pop("api_key", None)), **kwargs)
+
+
+@pytest.mark.parametrize("kind, figures, accept, per_step", [
+    ("timings", TIMINGS, f"({ACCEPTED}/{DRAFTED})", f"{N_WORDS / (N_WORDS - ACCEPTED):.2f}"),
+    ("vllm", METRICS, f"({ACCEPTED}/{DRAFTED})", f"{N_WORDS / (N_WORDS - ACCEPTED):.2f}"),
+    ("plain", STREAM, None, None),
+])
+async def test_the_panel_shows_the_servers_figures_and_says_which(tmp_path, kind, figures, accept, per_step):
+    with serving(FakeServer(kind=kind)) as server:
+        app = remote_app(tmp_path, server.url)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await send(pilot, app, "Say hello")
+            await until(pilot, lambda: answered(app), "the answer to be saved")
+            numbers = panel(app)
+            assert f"figures   {figures}" in numbers
+            tok_s = float(numbers.split("tok/s")[1].split()[0])
+            assert tok_s > 0
+            if accept:
+                assert f"accept    {ACCEPTED / DRAFTED:6.0%}  {accept}" in numbers and f"tok/step  {per_step:>6}" in numbers
+            else:
+                assert "accept         –" in numbers and "tok/step       –" in numbers
+            answer = app.store.messages(app.conversation_id)[-1]
+            assert answer.content == ANSWER and answer.status == "complete"
+            assert answer.stats["guesser"] == figures and figures in answer.stats["summary"]
+            assert answer.model == f"fake-target @ {server.url.removeprefix('http://')}"
+            assert app.query(MessageView).last().content == ANSWER
+
+
+async def test_stop_closes_the_stream_and_keeps_the_partial_answer(tmp_path):
+    with serving(FakeServer(pause_after=3)) as server:
+        app = remote_app(tmp_path, server.url)
+        async with app.run_test() as pilot:
+            await send(pilot, app, "Tell me more")
+            # The pump shows the first chunk at once and holds later ones until the next arrives: the
+            # server is silent now, so the view may show only "Hello ".
+            await until(pilot, lambda: server.paused.is_set() and app.query(MessageView).last().content,
+                        "the first chunk")
+            await pilot.press("escape")
+            await until(pilot, lambda: answered(app), "the stop")
+            assert server.disconnected.wait(5), "the server never saw the stream close"
+            answer = app.store.messages(app.conversation_id)[-1]
+            assert answer.status == "stopped" and answer.content == "Hello from the "
+
+
+async def test_regenerate_and_the_conversation_marker(tmp_path):
+    with serving(FakeServer()) as server:
+        app = remote_app(tmp_path, server.url)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await send(pilot, app, "Say hello")
+            await until(pilot, lambda: answered(app), "the answer")
+            await pilot.press("ctrl+r")
+            await until(pilot, lambda: len(server.requests) == 2 and answered(app), "the regenerated answer")
+            assert [m.role for m in app.store.messages(app.conversation_id)] == ["user", "assistant"]
+            conversation = app.store.conversations()[0]
+            assert conversation.server == server.url
+            assert app.chat.sub_title == f"answered by {server.url}"
+            label = str(app.chat.query_one("#conversations").children[0].query_one("Label").render())
+            assert "⇄ " + server.url.removeprefix("http://") in label
+            assert f"Answered by the server at {server.url}" in app.store.export_markdown(conversation.id)
+
+
+@pytest.mark.parametrize("case", ["refused", "401", "unknown model"])
+async def test_a_server_problem_is_one_line_on_the_error_screen(tmp_path, case):
+    with serving(FakeServer(api_key="sesame")) as server:
+        url = f"http://127.0.0.1:{free_port()}" if case == "refused" else server.url
+        app = make_app(tmp_path, FakeBackend(), remote=RemoteChoice(
+            url, "sesame" if case == "unknown model" else None, "nope" if case == "unknown model" else None))
+        async with app.run_test() as pilot:
+            await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "the error screen")
+            message = app.screen.message
+            assert "\n" not in message and "Traceback" not in message
+            expected = {"refused": "cannot reach a server", "401": "refused the API key (401)",
+                        "unknown model": "has no model 'nope'"}[case]
+            assert expected in message
+            assert not app.ready
+
+
+async def test_settings_switch_between_this_machine_and_a_server(tmp_path):
+    local = FakeBackend()
+    with serving(FakeServer(api_key="sesame")) as server:
+        app = make_app(tmp_path, local, api_key="sesame")
+        async with app.run_test() as pilot:
+            await until(pilot, lambda: app.ready, "the local models")
+            assert app.backend is local
+            app.apply_settings(replace(app.settings, server=server.url))
+            await until(pilot, lambda: app.ready and isinstance(app.backend, RemoteBackend), "the remote backend")
+            assert local.closed  # the local models were freed for the switch
+            await send(pilot, app, "Say hello")
+            await until(pilot, lambda: answered(app), "the remote answer")
+            assert app.store.messages(app.conversation_id)[-1].content == ANSWER
+            text = (tmp_path / "config.toml").read_text()
+            assert server.url in text and "sesame" not in text  # the key is never written
+            assert load_settings(tmp_path / "config.toml")[0].server == server.url
+            app.apply_settings(replace(app.settings, server=""))
+            await until(pilot, lambda: app.ready and app.backend is local, "the local models again")
+
+
+async def test_the_command_lines_server_wins_until_the_setting_changes(tmp_path):
+    with serving(FakeServer()) as one, serving(FakeServer(models=("other-model",))) as two:
+        (tmp_path / "config.toml").write_text(f'server = "{two.url}"\n')
+        app = remote_app(tmp_path, one.url)
+        async with app.run_test() as pilot:
+            await until(pilot, lambda: app.ready, "the server from the command line")
+            assert app.backend.root == one.url
+            app.apply_settings(replace(app.settings, server=two.url + "/v1"))
+            await until(pilot, lambda: app.ready and app.backend.root == two.url, "the server from the settings")
+            assert app.backend.model == "other-model"
+
+
+def test_an_old_database_gains_the_server_marker_and_keeps_its_conversations(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    for step in MIGRATIONS[:3]:  # the schema before the marker
+        for statement in step if isinstance(step, tuple) else filter(str.strip, step.split(";")):
+            db.execute(statement)
+    db.execute("PRAGMA user_version = 3")
+    db.execute("INSERT INTO conversations (title, created, updated) VALUES ('from before', 1, 1)")
+    db.execute("INSERT INTO messages (conversation_id, role, content, created) VALUES (1, 'user', 'old words', 1)")
+    db.close()
+    store = Store(path)
+    assert store.version == len(MIGRATIONS) == 4
+    (old,) = store.conversations()
+    assert (old.title, old.server) == ("from before", None)
+    assert [m.content for m in store.messages(old.id)] == ["old words"]
+    assert [c.id for c in store.search("words")] == [old.id]
+    store.set_server(old.id, "http://gpu-box:8080")
+    assert store.conversations()[0].server == "http://gpu-box:8080"
+    assert "server at http://gpu-box:8080" in store.export_markdown(old.id)
+
+
+# --- the command line ---------------------------------------------------------------------------------
+
+
+def test_without_the_extra_server_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "openai", None)  # `import openai` now fails as if not installed
+    assert cli.main(["--server", "http://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "specchat: error: --server needs the openai package: pip install 'specchat[remote]'"
+
+
+def test_the_api_key_comes_from_the_option_or_the_environment(monkeypatch):
+    from specchat.ui.app import SpecchatApp
+
+    opened = []
+    monkeypatch.setattr(SpecchatApp, "run", lambda self: opened.append((self.remote, self.api_key)))
+    monkeypatch.setenv("SPECCHAT_API_KEY", "from-env")
+    assert cli.main(["--server", "http://gpu-box:8080", "--model", "m"]) == 0
+    assert cli.main(["chat", "--server", "http://gpu-box:8080", "--api-key", "given"]) == 0
+    assert cli.main([]) == 0  # no --server: this machine's models, the key kept for a server setting
+    assert opened == [(RemoteChoice("http://gpu-box:8080", "from-env", "m"), "from-env"),
+                      (RemoteChoice("http://gpu-box:8080", "given", None), "given"),
+                      (None, "from-env")]
