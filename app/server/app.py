@@ -20,6 +20,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.types import Receive, Scope, Send
 
 from specchat.errors import ContextFull, SpecchatError
@@ -51,16 +52,18 @@ def error(status: int, message: str, param: str | None = None, code: str | None 
 
 
 def create_app(model: ServedModel, worker: Worker, api_key: str | None = None) -> FastAPI:
-    app = FastAPI(title="specchat", max_body_size=MAX_BODY, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="specchat", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
-    app.add_middleware(_DeclaredSizeLimit)
+    app.add_middleware(RequestBodyLimitMiddleware, max_body_size=MAX_BODY)  # counts bodies sent in chunks too
+    app.add_middleware(_DeclaredSizeLimit)  # outside it: a declared length over the limit, answered at once
     authorized = [Depends(_bearer(api_key))] if api_key else []
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         c = worker.counters
         return {"status": "ok", "model": model.id, "running": worker.running, "waiting": worker.waiting,
-                "completed": c.completed, "cancelled": c.cancelled, "dropped": c.dropped, "failed": c.failed,
+                "completed": c.completed, "cancelled": c.cancelled, "dropped": c.dropped,
+                "rejected": c.rejected, "failed": c.failed,
                 "last": c.last}
 
     @app.get("/v1/models", dependencies=authorized)
@@ -243,8 +246,8 @@ def _failure(item: Any, prompt_field: str) -> JSONResponse:
 
 
 class _DeclaredSizeLimit:
-    """A body whose Content-Length is over the limit gets a 413 in OpenAI's shape before it is read.
-    (FastAPI's own limit, which also counts bodies sent without a length, answers that case in plain text.)"""
+    """A body whose Content-Length is over the limit gets a 413 in OpenAI's shape before it is read
+    (Starlette's limit answers that case in plain text; a body sent in chunks reaches our handler)."""
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
         self.app = app
@@ -273,11 +276,15 @@ def _bearer(api_key: str) -> Callable[[Request], None]:
     return check
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        # Drop "body" and the union members pydantic names in a location ("str", "list[TextPart]").
+        loc = [str(p) for p in first.get("loc", ()) if p != "body" and p not in _TYPE_TAGS and "[" not in str(p)]
         if first.get("type") == "json_invalid":
             return error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
         if not loc and isinstance(first.get("input"), (bytes, str)):

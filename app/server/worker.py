@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from specchat.errors import SpecchatError
 from specchat.spec.engine import Done
 
 log = logging.getLogger("specchat.server")
@@ -47,7 +48,8 @@ class Counters:
     completed: int = 0  # generations that ran to their end (eog, stop, length)
     cancelled: int = 0  # generations stopped because their client left
     dropped: int = 0  # jobs whose client left while they waited: never started
-    failed: int = 0
+    rejected: int = 0  # requests the model side refused (a prompt too long, a token id out of range): 400s
+    failed: int = 0  # internal errors: 500s
     last: dict[str, Any] = field(default_factory=dict)  # the last generation's end: reason and tokens
 
 
@@ -139,7 +141,10 @@ class Worker:
                 if isinstance(event, Done):
                     self._count(event)
         except Exception as e:  # the request's coroutine answers it; the worker goes on
-            self.counters.failed += 1
+            if isinstance(e, SpecchatError):
+                self.counters.rejected += 1
+            else:
+                self.counters.failed += 1
             job.post(Failed(e))
 
     def _count(self, done: Done) -> None:

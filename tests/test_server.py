@@ -1,0 +1,524 @@
+"""`specchat serve` for real: a server process on the SmolLM2 pair, talked to over loopback HTTP with the
+official `openai` client (and http.client where the bytes themselves are the point).
+
+Every server a test starts is stopped by it; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import os
+import queue
+import re
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reliability import tally
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+pytestmark = pytest.mark.real
+
+KEY = "test-" + secrets.token_hex(8)
+PAIR = "smollm2-self"
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"  # SmolLM2 counts on for as long as it is let (checked: 900 tokens)
+START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[str]
+    port: int
+    stderr: list[str]
+
+    def client(self, key: str = KEY, timeout: float = 60.0) -> Any:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0, timeout=timeout)
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+                auth: bool = True) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            hdrs = {"Authorization": f"Bearer {KEY}"} if auth else {}
+            conn.request(method, path, body=body, headers=hdrs | (headers or {}))
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    def post(self, path: str, obj: Any, **kw: Any) -> tuple[int, dict[str, str], Any]:
+        status, headers, body = self.request("POST", path, json.dumps(obj).encode(),
+                                             {"Content-Type": "application/json"}, **kw)
+        return status, headers, json.loads(body) if headers.get("content-type", "").startswith("application/json") \
+            else body
+
+    def health(self) -> dict[str, Any]:
+        status, _, body = self.request("GET", "/health", auth=False)
+        assert status == 200
+        return json.loads(body)
+
+    def wait_idle(self, timeout: float = 30.0) -> dict[str, Any]:
+        """/health once no generation runs or waits (bounded)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            h = self.health()
+            if not h["running"] and not h["waiting"]:
+                return h
+            time.sleep(0.05)
+        raise AssertionError(f"the server was still busy after {timeout}s: {self.health()}")
+
+    def rss_kib(self) -> int:
+        status = open(f"/proc/{self.proc.pid}/status").read()
+        return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))
+
+
+@contextmanager
+def serving(*args: str, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """A `specchat serve` process on a free loopback port (port 0: the server names the one it got)."""
+    proc = subprocess.Popen([sys.executable, "-m", "specchat.cli", "serve", "--pair", PAIR, "--port", "0", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    lines: queue.Queue[str] = queue.Queue()
+    stderr: list[str] = []
+
+    def drain() -> None:  # keep reading, so that the pipe never fills and stalls the server
+        for line in proc.stderr:
+            stderr.append(line)
+            lines.put(line)
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        deadline, port = time.monotonic() + START_TIMEOUT_S, None
+        while port is None:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"the server did not start in {START_TIMEOUT_S}s: {''.join(stderr)}") from None
+            if m := re.search(r"serving .* on http://[^ ]*:(\d+)/v1", line):
+                port = int(m.group(1))
+            assert proc.poll() is None or port, f"the server exited: {''.join(stderr)}"
+        server = Server(proc, port, stderr)
+        server.wait_idle(timeout=30)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    with serving("--ctx", "1024", "--queue", "3", "--api-key", KEY) as s:
+        yield s
+    assert "Traceback" not in "".join(s.stderr), "".join(s.stderr)
+
+
+def ask(server: Server, content: str, **kw: Any) -> Any:
+    kw = {"max_tokens": 32, "temperature": 0} | kw
+    extra = {"guesser": kw.pop("guesser", "none")}
+    return server.client().chat.completions.create(model=PAIR, messages=[{"role": "user", "content": content}],
+                                                   extra_body=extra, **kw)
+
+
+def stream_text(server: Server, content: str, **kw: Any) -> tuple[str, list[Any]]:
+    chunks = list(ask(server, content, stream=True, **kw))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+def check_timings(t: dict[str, Any], usage: Any) -> None:
+    assert t["predicted_n"] == usage.completion_tokens
+    assert t["prompt_n"] + t["cache_n"] == usage.prompt_tokens
+    assert 0 <= t["draft_n_accepted"] <= t["draft_n"]
+    assert t["predicted_per_second"] == pytest.approx(t["predicted_n"] / (t["predicted_ms"] / 1000), rel=1e-6)
+    assert t["predicted_per_token_ms"] == pytest.approx(t["predicted_ms"] / t["predicted_n"], rel=1e-6)
+    if t["prompt_n"]:
+        assert t["prompt_per_second"] == pytest.approx(t["prompt_n"] / (t["prompt_ms"] / 1000), rel=1e-6)
+
+
+# --- answers -----------------------------------------------------------------------------------------
+
+
+def test_a_chat_answer_carries_usage_and_timings_that_agree_with_it(server):
+    prompt = "Repeat this line twice: the quick brown fox jumps over the lazy dog."
+    r = ask(server, prompt, max_tokens=40, guesser="lookup")
+    assert r.object == "chat.completion" and r.model == PAIR
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content.strip()
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    t = r.model_extra["timings"]
+    check_timings(t, r.usage)
+    assert t["draft_n"] > 0  # lookup copied from the prompt: the draft figures are exercised
+    assert r.choices[0].finish_reason == ("length" if r.usage.completion_tokens == 40 else "stop")
+
+
+def test_streaming_sends_the_same_answer_and_ends_with_timings_usage_and_done(server):
+    prompt = "Name three colours."
+    whole = ask(server, prompt, max_tokens=30)
+    text, chunks = stream_text(server, prompt, max_tokens=30, stream_options={"include_usage": True})
+    assert text == whole.choices[0].message.content  # greedy, same prompt: the same tokens, however chunked
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].choices[0].finish_reason == whole.choices[0].finish_reason
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == whole.usage.completion_tokens
+    check_timings(finish[0].model_extra["timings"], usage_chunk.usage)
+    check_timings(usage_chunk.model_extra["timings"], usage_chunk.usage)
+    # Without include_usage no usage chunk comes, but the final chunk still has the timings.
+    _, plain = stream_text(server, prompt, max_tokens=30)
+    assert plain[-1].choices[0].finish_reason and "timings" in plain[-1].model_extra
+    assert all(c.usage is None for c in plain)
+
+
+def test_the_raw_stream_is_server_sent_events_ending_in_done(server):
+    status, headers, body = server.request("POST", "/v1/completions", json.dumps(
+        {"prompt": COUNTING, "max_tokens": 5, "stream": True, "temperature": 0}).encode(),
+        {"Content-Type": "application/json"})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [e for e in body.decode().split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    last = json.loads(events[-2][len("data: "):])
+    assert last["choices"][0]["finish_reason"] == "length" and last["timings"]["predicted_n"] == 5
+
+
+def test_stop_strings_end_the_answer_before_them(server):
+    full = ask(server, "List the days of the week.", max_tokens=40).choices[0].message.content
+    words = full.split()
+    assert len(words) > 4, full
+    stop = words[3]
+    expected = full[:full.index(stop)]
+    r = ask(server, "List the days of the week.", max_tokens=40, stop=[stop, "never appears in it"])
+    assert r.choices[0].message.content == expected and r.choices[0].finish_reason == "stop"
+    text, chunks = stream_text(server, "List the days of the week.", max_tokens=40, stop=stop)
+    assert text == expected and chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_text_completions_take_text_or_token_ids(server):
+    c = server.client()
+    r = c.completions.create(model=PAIR, prompt=COUNTING, max_tokens=6, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
+    assert r.choices[0].text.strip().startswith("9")
+    check_timings(r.model_extra["timings"], r.usage)
+    again = c.completions.create(model=PAIR, prompt=[COUNTING], max_tokens=6, temperature=0, stop=",")
+    assert again.choices[0].text == r.choices[0].text.split(",")[0] and again.choices[0].finish_reason == "stop"
+    ids = c.completions.create(model=PAIR, prompt=[16, 28, 216], max_tokens=2, temperature=0)
+    assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("guesser", ["none", "lookup"])
+def test_a_seed_gives_the_same_sample_twice(server, guesser):
+    def sample(seed: int) -> str:
+        return ask(server, "Write one sentence about the sea.", temperature=0.9, seed=seed, max_tokens=24,
+                   guesser=guesser).choices[0].message.content
+
+    first = sample(1234)
+    assert sample(1234) == first
+    assert len({first, *(sample(s) for s in (1, 2, 3))}) > 1  # and the seed is what fixed it
+
+
+def test_the_next_turn_of_a_conversation_reuses_the_cache(server):
+    c = server.client()
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a fruit."}]
+    first = c.chat.completions.create(model=PAIR, messages=messages, max_tokens=12, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And a vegetable?"}]
+    second = c.chat.completions.create(model=PAIR, messages=messages, max_tokens=12, temperature=0)
+    t = second.model_extra["timings"]
+    # The cache holds the first prompt and its answer (the answer's last token is still pending).
+    assert t["cache_n"] >= first.usage.prompt_tokens + first.usage.completion_tokens - 1
+    assert t["prompt_n"] == second.usage.prompt_tokens - t["cache_n"]
+    assert t["prompt_n"] < second.usage.prompt_tokens - first.usage.prompt_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens == t["cache_n"]
+
+
+# --- one at a time, and clients that leave -----------------------------------------------------------
+
+
+def test_a_client_that_disconnects_cancels_its_stream_at_once(server):
+    before = server.wait_idle()
+    stream = server.client().completions.create(model=PAIR, prompt=COUNTING, max_tokens=900, temperature=0,
+                                                stream=True)
+    first = next(iter(stream))
+    assert first.choices[0].text is not None
+    stream.close()
+    after = server.wait_idle()
+    assert after["cancelled"] == before["cancelled"] + 1
+    assert after["last"]["reason"] == "cancelled" and after["last"]["predicted_n"] < 200  # of 900
+    r = server.client(timeout=30).completions.create(model=PAIR, prompt=COUNTING, max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens == 3
+    tally("server: clients leaving mid-request", trials=1, faults=1, lost=0)
+
+
+def _open_request(server: Server, body: dict[str, Any]) -> http.client.HTTPConnection:
+    """Send a request and leave it waiting for its answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps(body).encode(),
+                 {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    return conn
+
+
+def _wait_for(server: Server, what: str, cond: Any, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond(h := server.health()):
+            return h
+        time.sleep(0.02)
+    raise AssertionError(f"{what} did not happen in {timeout}s: {server.health()}")
+
+
+def test_a_waiting_request_whose_client_left_is_dropped_and_a_running_one_cancelled(server):
+    before = server.wait_idle()
+    long = {"prompt": COUNTING, "max_tokens": 900, "temperature": 0}
+    running = _open_request(server, long)
+    _wait_for(server, "the first generation starting", lambda h: h["running"])
+    waiting = _open_request(server, long)
+    _wait_for(server, "the second request queueing", lambda h: h["waiting"] == 1)
+    waiting.close()  # leaves while queued: must never generate
+    running.close()  # leaves a non-streaming request mid-generation
+    after = server.wait_idle()
+    assert after["dropped"] == before["dropped"] + 1
+    assert after["cancelled"] == before["cancelled"] + 1
+    assert after["completed"] == before["completed"]
+    assert after["last"]["reason"] == "cancelled" and after["last"]["predicted_n"] < 900
+    tally("server: clients leaving mid-request", trials=2, faults=2, lost=0)
+
+
+def test_health_answers_while_a_generation_runs(server):
+    server.wait_idle()
+    conn = _open_request(server, {"prompt": COUNTING, "max_tokens": 300, "temperature": 0})
+    try:
+        seen = _wait_for(server, "a generation running", lambda h: h["running"])
+        assert seen["status"] == "ok"  # answered by the event loop while the worker thread generates
+    finally:
+        conn.close()
+    server.wait_idle()
+
+
+def test_twenty_streaming_clients_finish_or_get_503_and_memory_stays_flat(server):
+    """While one long generation holds the engine, 20 clients stream at once: 3 fit in the queue, 17 get
+    503 at once (on any machine, however fast); then the long one's client leaves and the 3 stream."""
+    def wave() -> tuple[list[str], int]:
+        outcomes: list[str] = []
+        barrier = threading.Barrier(20)
+
+        def client() -> None:
+            barrier.wait(timeout=30)
+            try:
+                _, chunks = stream_text(server, "Say hi.", max_tokens=12)
+                outcomes.append("ok" if chunks[-1].choices[0].finish_reason in ("stop", "length") else "bad")
+            except openai.APIStatusError as e:
+                retry, body = e.response.headers.get("retry-after", ""), e.response.json()
+                good = e.status_code == 503 and retry.isdigit() and body["error"]["code"] == "server_busy"
+                outcomes.append("503" if good else f"bad {e.status_code}")
+            except Exception as e:  # any other outcome is a failure, counted below
+                outcomes.append(f"bad {type(e).__name__}: {e}")
+
+        blocker = _open_request(server, {"prompt": COUNTING, "max_tokens": 900, "temperature": 0})
+        try:
+            _wait_for(server, "the long generation starting", lambda h: h["running"])
+            threads = [threading.Thread(target=client, daemon=True) for _ in range(20)]
+            for t in threads:
+                t.start()
+            _wait_for(server, "3 requests queueing", lambda h: h["waiting"] == 3)
+            deadline = time.monotonic() + 30
+            while len(outcomes) < 17 and time.monotonic() < deadline:  # the refused answer at once
+                time.sleep(0.02)
+        finally:
+            blocker.close()
+        for t in threads:
+            t.join(timeout=60)
+        hung = sum(t.is_alive() for t in threads)
+        server.wait_idle()
+        return outcomes, hung
+
+    server.wait_idle()
+    first, hung1 = wave()
+    rss1 = server.rss_kib()
+    second, hung2 = wave()
+    rss2 = server.rss_kib()
+    outcomes = first + second
+    bad = [o for o in outcomes if o not in ("ok", "503")]
+    tally("server: 20 streams at once, 2 waves", trials=40, lost=hung1 + hung2 + len(bad))
+    assert hung1 == hung2 == 0 and not bad, (bad, hung1, hung2)
+    assert sorted(first) == sorted(second) == ["503"] * 17 + ["ok"] * 3, outcomes
+    assert rss2 <= rss1 + max(8 * 1024, rss1 // 50), (rss1, rss2)  # within 8 MiB or 2%
+    print(f"server load: per wave 3 streamed and 17 got 503; RSS {rss1 / 1024:.1f} MiB after wave 1, "
+          f"{rss2 / 1024:.1f} MiB after wave 2")
+
+
+# --- errors ------------------------------------------------------------------------------------------
+
+
+def _is_error(body: Any, status: int) -> None:
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str) and err["message"]
+    assert "Traceback" not in err["message"] and "\n" not in err["message"]
+
+
+GOOD = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+BAD_REQUESTS = [
+    ("not an object", "/v1/chat/completions", [1, 2], 400, None),
+    ("no messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("unknown role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
+    ("content of the wrong type", "/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400, None),
+    ("a string temperature", "/v1/chat/completions", GOOD | {"temperature": "hot"}, 400, "temperature"),
+    ("a negative max_tokens", "/v1/chat/completions", GOOD | {"max_tokens": -1}, 400, "max_tokens"),
+    ("top_p of 0", "/v1/chat/completions", GOOD | {"top_p": 0}, 400, "top_p"),
+    ("stream as a number", "/v1/chat/completions", GOOD | {"stream": 1}, 400, "stream"),
+    ("an empty stop string", "/v1/chat/completions", GOOD | {"stop": [""]}, 400, None),
+    ("several answers", "/v1/chat/completions", GOOD | {"n": 3}, 400, "n"),
+    ("an unknown guesser", "/v1/chat/completions", GOOD | {"guesser": "psychic"}, 400, "guesser"),
+    ("a lone surrogate", "/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, 400, None),
+    ("an empty prompt", "/v1/completions", {"prompt": ""}, 400, None),
+    ("a token id outside the vocabulary", "/v1/completions", {"prompt": [10**9]}, 400, None),
+    ("two prompts at once", "/v1/completions", {"prompt": ["a", "b"]}, 400, None),
+    ("a draft length past the batch", "/v1/completions", {"prompt": "a", "draft_length": 10**6}, 400, None),
+]
+
+
+@pytest.mark.parametrize("what, path, body, status, param", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_requests_get_openai_error_bodies(server, what, path, body, status, param):
+    got, _, answer = server.post(path, body)
+    assert got == status, answer
+    _is_error(answer, status)
+    if param:
+        assert answer["error"]["param"] == param
+
+
+def test_transport_errors_get_openai_error_bodies_and_the_server_goes_on(server):
+    cases = [
+        ("POST", "/v1/chat/completions", b"{bad json", {"Content-Type": "application/json"}, 400),
+        ("POST", "/v1/chat/completions", json.dumps(GOOD).encode(), {"Content-Type": "text/plain"}, 400),
+        ("POST", "/v1/chat/completions", b"{}" + b" " * (5 * 2**20), {"Content-Type": "application/json"}, 413),
+        ("GET", "/v1/nowhere", None, {}, 404),
+        ("DELETE", "/v1/models", None, {}, 405),
+    ]
+    for method, path, body, headers, status in cases:
+        got, hdrs, answer = server.request(method, path, body, headers)
+        assert got == status, (path, answer[:200])
+        assert hdrs["content-type"].startswith("application/json")
+        _is_error(json.loads(answer), status)
+    long = {"messages": [{"role": "user", "content": "word " * 2000}]}
+    got, _, answer = server.post("/v1/chat/completions", long)
+    assert got == 400 and answer["error"]["code"] == "context_length_exceeded", answer
+    assert answer["error"]["param"] == "messages"
+    assert server.post("/v1/chat/completions", GOOD)[0] == 200
+    tally("server: malformed requests", inputs=len(cases) + len(BAD_REQUESTS) + 1)
+
+
+def test_the_api_key_is_required_but_health_stays_open(server):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        got, _, body = server.request("GET", "/v1/models", headers=headers, auth=False)
+        assert got == 401
+        _is_error(json.loads(body), 401)
+    with pytest.raises(openai.AuthenticationError):
+        server.client(key="wrong").chat.completions.create(model=PAIR, messages=GOOD["messages"], max_tokens=2)
+    assert server.request("GET", "/health", auth=False)[0] == 200
+    models = server.client().models.list()
+    assert [m.id for m in models.data] == [PAIR]
+
+
+def test_any_address_needs_a_key_and_with_one_unkeyed_requests_get_401():
+    # A key from the environment counts; the server listens on every address, and is talked to on loopback.
+    with serving("--host", "0.0.0.0", "--ctx", "256", env={"SPECCHAT_API_KEY": KEY}) as s:
+        got, _, body = s.request("POST", "/v1/chat/completions", json.dumps(GOOD).encode(),
+                                 {"Content-Type": "application/json"}, auth=False)
+        assert got == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+        assert s.post("/v1/chat/completions", GOOD)[0] == 200
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, code: str | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "specchat.cli", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_start_up_errors_are_one_line(server):
+    env = {"SPECCHAT_API_KEY": ""}
+    for args, words in [(("--host", "0.0.0.0"), "--api-key"),
+                        (("--host", "::"), "--api-key"),
+                        (("--port", str(server.port)), "pick another --port"),
+                        (("--queue", "-1"), "--queue")]:
+        out = _cli("serve", "--pair", PAIR, *args, env=env)
+        assert out.returncode == 2 and words in out.stderr, out.stderr
+        assert out.stderr.count("\n") == 1 and out.stderr.startswith("specchat: error: "), out.stderr
+    # Without the server extra: how to install it, in one line.
+    hide = "import sys; sys.modules['fastapi'] = None; from specchat.cli import main; sys.exit(main(['serve']))"
+    out = _cli(code=hide)
+    assert out.returncode == 2 and "pip install 'specchat[server]'" in out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+
+
+# --- property tests ----------------------------------------------------------------------------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+                    max_leaves=12)
+ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health"]
+# Fields a valid request can carry, for replacing one at a time with random values (max_tokens stays small,
+# so that a request that happens to be valid answers quickly).
+FIELDS = ["messages", "prompt", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "n", "stream",
+          "stream_options", "guesser", "draft_length", "model"]
+
+
+def _answer_is_sound(status: int, headers: dict[str, str], body: bytes) -> None:
+    assert status < 500, body[:300]
+    if headers.get("content-type", "").startswith("text/event-stream"):
+        assert status == 200 and body.rstrip().endswith(b"data: [DONE]") or b'"error"' in body, body[-300:]
+        return
+    answer = json.loads(body)
+    if status >= 400:
+        _is_error(answer, status)
+    else:
+        assert isinstance(answer, dict) and "error" not in answer
+
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@SETTINGS
+@given(path=st.sampled_from(ENDPOINTS), value=JSON)
+def test_random_json_never_breaks_the_server(server, path, value):
+    status, headers, body = server.request("POST", path, json.dumps(value).encode(), {"Content-Type": "application/json"})
+    _answer_is_sound(status, headers, body)
+    tally("server: property tests", inputs=1)
+
+
+@SETTINGS
+@given(path=st.sampled_from(ENDPOINTS), body=st.binary(max_size=300))
+def test_random_bytes_never_break_the_server(server, path, body):
+    status, headers, answer = server.request("POST", path, body, {"Content-Type": "application/json"})
+    _answer_is_sound(status, headers, answer)
+    tally("server: property tests", inputs=1)
+
+
+@SETTINGS
+@given(path=st.sampled_from(ENDPOINTS[:2]), field=st.sampled_from(FIELDS), value=JSON)
+def test_a_valid_request_with_one_random_field_never_breaks_the_server(server, path, field, value):
+    base = {"model": PAIR, "max_tokens": 2, "max_completion_tokens": 2}
+    base |= {"messages": [{"role": "user", "content": "Hi"}]} if path.endswith("chat/completions") else {"prompt": "Hi"}
+    status, headers, body = server.request("POST", path, json.dumps(base | {field: value}).encode(),
+                                           {"Content-Type": "application/json"})
+    _answer_is_sound(status, headers, body)
+    tally("server: property tests", inputs=1)
+
+
+def test_a_good_request_still_works_after_the_property_tests(server):
+    r = ask(server, "Say yes.", max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length") and math.isfinite(r.model_extra["timings"]["predicted_ms"])
+    assert server.health()["failed"] == 0  # no internal error in all the tests before: only 4xx answers
+    assert server.proc.poll() is None
