@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.errors import SpecchatError
-from specchat.llama.model import Model, check_compatible
+from specchat.llama.model import Model
+from specchat.llama.vocab import check_compatible
 from specchat.models.catalog import Catalog, load_catalog
 from specchat.models.fetch import Progress, resolve
 from specchat.spec.calibrate import MAX_POSITIONS, measure_curve
@@ -38,17 +39,23 @@ class ModelChoice:
 
 
 def model_paths(choice: ModelChoice, catalog: Catalog | None = None,
-                progress: Progress | None = None) -> tuple[Path, Path | None]:
-    """The target's path and the draft's (None if there is none), fetching catalog models if missing."""
+                progress: Progress | None = None) -> tuple[Path, Path | None, list[str]]:
+    """The target's path, the draft's (None if there is none) and why a draft the pair names was left
+    out, fetching catalog models if missing. A draft that cannot be had is not an error: the target
+    still answers with lookup and plain decoding."""
     if choice.target is not None:
         if choice.pair is not None:
             raise SpecchatError("give either --pair or --target, not both")
-        return choice.target, choice.draft
+        return choice.target, choice.draft, []
     catalog = catalog or load_catalog()
     pair = catalog.pair(choice.pair)
     target = resolve(catalog.model(pair.target), choice.fetch, progress, choice.offline)
-    draft = choice.draft or resolve(catalog.model(pair.draft), choice.fetch, progress, choice.offline)
-    return target, draft
+    if choice.draft is not None or pair.draft is None:
+        return target, choice.draft, []
+    try:
+        return target, resolve(catalog.model(pair.draft), choice.fetch, progress, choice.offline), []
+    except SpecchatError as e:
+        return target, None, [f"no draft model: {e}"]
 
 
 class LoadedPair:
@@ -104,20 +111,7 @@ def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Ca
     draft fits the target. A draft that is missing, fails to load, does not match the target or would
     not fit in memory is left out rather than failing the whole pair: lookup and plain decoding still
     work, and `LoadedPair.warnings` says why."""
-    warnings: list[str] = []
-    if choice.target is not None:
-        if choice.pair is not None:
-            raise SpecchatError("give either --pair or --target, not both")
-        target_path, draft_path = choice.target, choice.draft
-    else:
-        catalog = catalog or load_catalog()
-        pair = catalog.pair(choice.pair)
-        target_path = resolve(catalog.model(pair.target), choice.fetch, progress, choice.offline)
-        try:
-            draft_path = choice.draft or resolve(catalog.model(pair.draft), choice.fetch, progress, choice.offline)
-        except SpecchatError as e:
-            draft_path = None
-            warnings.append(f"no draft model: {e}")
+    target_path, draft_path, warnings = model_paths(choice, catalog, progress)
     if draft_path is not None and (why := _does_not_fit(target_path, draft_path)):
         warnings.append(f"no draft model: {why}")
         draft_path = None

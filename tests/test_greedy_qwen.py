@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specchat.llama.model import Model, check_compatible
+from specchat.llama.model import Model
 from specchat.llama.template import ChatPrompter, Message
+from specchat.llama.vocab import check_compatible
 from specchat.spec.engine import Done, Engine, GenerationConfig
 from specchat.spec.guessers import AutoGuesser, DraftGuesser, LookupGuesser
 from specchat.spec.policy import CostCurve

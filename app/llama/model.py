@@ -105,17 +105,22 @@ def _load_error(path: Path, log: list[str]) -> SpecchatError:
                          "again (`specchat pull NAME`) or copy it anew")
 
 
+def ensure_backend() -> None:
+    """Initialise llama.cpp's backends once per process, before the first model is read."""
+    global _backend_ready
+    if not _backend_ready:
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
 class Model:
     """A GGUF model loaded in llama.cpp with one context for a single sequence."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, n_gpu_layers: int | None = None) -> None:
-        global _backend_ready
         self.path = Path(path)
         check_gguf(self.path)
-        if not _backend_ready:
-            llama_cpp.llama_backend_init()
-            _backend_ready = True
+        ensure_backend()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = _OFFLOAD_ALL_LAYERS if n_gpu_layers is None or n_gpu_layers < 0 else n_gpu_layers
         mparams.use_extra_bufts = _extra_buffers()
@@ -163,6 +168,9 @@ class Model:
     def token_text(self, token: int) -> str:
         """The vocabulary entry itself, special tokens included, for messages and compatibility."""
         return llama_cpp.llama_vocab_get_text(self.vocab, token).decode("utf-8", "replace")
+
+    def is_control(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_control(self.vocab, token))
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
@@ -293,17 +301,3 @@ class Session:
     def _drop_after(self, n: int) -> None:
         llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
         del self.tokens[n:]
-
-
-def check_compatible(target: Model, draft: Model) -> None:
-    """A draft must speak the target's tokenizer, or its guesses are for other tokens."""
-    for tok in range(min(target.n_vocab, draft.n_vocab)):
-        a, b = target.token_text(tok), draft.token_text(tok)
-        if a != b:
-            raise SpecchatError(f"draft {draft.path.name} is incompatible with target {target.path.name}: "
-                                f"token {tok} is {a!r} in the target but {b!r} in the draft; "
-                                "pick a draft of the same model family")
-    # Same entries, but one vocabulary may add a few extra (padding or special) tokens.
-    if abs(target.n_vocab - draft.n_vocab) > 128:
-        raise SpecchatError(f"draft {draft.path.name} has {draft.n_vocab} tokens but target "
-                            f"{target.path.name} has {target.n_vocab}; pick a draft of the same model family")
