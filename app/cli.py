@@ -12,7 +12,8 @@ from specchat.errors import SpecchatError
 from specchat.loader import ModelChoice
 from specchat.spec.guessers import GUESSERS
 
-COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "costs", "models", "pull", "endurance", "serve")
+COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "costs", "models", "pull", "endurance", "add", "remove", "drafts",
+            "pair", "serve")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,8 +80,31 @@ def _parser() -> argparse.ArgumentParser:
     _model_args(co, guesser=False)
     co.set_defaults(run=_costs)
 
-    ls = sub.add_parser("models", help="list the catalog and what is on disk")
+    ls = sub.add_parser("models", help="list the catalogs' models and pairs, on disk or not, with sizes")
     ls.set_defaults(run=_models)
+
+    add = sub.add_parser("add", help="add a model: a .gguf path, hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf")
+    add.add_argument("source")
+    add.add_argument("--name", default=None, help="its name in the catalog (default: from the file name)")
+    add.add_argument("--no-fetch", action="store_true", help="record a hub model without downloading it yet")
+    add.set_defaults(run=_add)
+
+    rm = sub.add_parser("remove", help="forget a model you added (and offer to delete its file)")
+    rm.add_argument("name")
+    rm.add_argument("--delete-file", action="store_true", default=None, help="delete its file without asking")
+    rm.add_argument("--keep-file", action="store_false", dest="delete_file", help="keep its file without asking")
+    rm.set_defaults(run=_remove)
+
+    dr = sub.add_parser("drafts", help="which models on disk and in the catalogs can draft for a target, and why not")
+    dr.add_argument("target", help="a catalog model, a pair (its target) or a .gguf path")
+    dr.set_defaults(run=_drafts)
+
+    pa = sub.add_parser("pair", help="record a target/draft pair (no draft: the fastest compatible one on disk)")
+    pa.add_argument("name")
+    pa.add_argument("target")
+    pa.add_argument("draft", nargs="?", default=None)
+    pa.add_argument("--default", action="store_true", help="make it the pair the app and commands use by default")
+    pa.set_defaults(run=_pair)
 
     e = sub.add_parser("endurance", help="a long scripted session through the app, checking stats, memory, caches")
     e.add_argument("--minutes", type=float, default=20.0)
@@ -165,12 +189,15 @@ def _generation_config(args: argparse.Namespace):
 
 
 _progress_open = False  # a progress line is on stderr, still without its newline
+_progress_width = 0  # its length: a shorter update pads over what is left of a longer one
 
 
 def _progress(what: str, done: int, total: int) -> None:
-    global _progress_open
-    print(f"\r{what}: {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
+    """One line on stderr, rewritten in place with "\r"; `what` says it all (counts, sizes, rate)."""
+    global _progress_open, _progress_width
+    print(f"\r{what:<{_progress_width}}", end="\n" if done >= total else "", file=sys.stderr, flush=True)
     _progress_open = done < total
+    _progress_width = len(what) if _progress_open else 0
 
 
 def _end_progress_line() -> None:
@@ -255,22 +282,79 @@ def _costs(args: argparse.Namespace) -> int:
     return run_costs(_choice(args), args.remeasure, _progress)
 
 
+def _size(n: int | None) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n else "size ?"
+
+
 def _models(args: argparse.Namespace) -> int:
-    from specchat.models.catalog import load_catalog
+    from specchat.models.catalog import load_catalog, shipped_catalog_path
     from specchat.models.fetch import models_dir, on_disk
 
-    catalog = load_catalog()
+    catalog, shipped = load_catalog(), load_catalog(shipped_catalog_path())
     print(f"models directory: {models_dir()}")
     for entry in catalog.models.values():
         path = on_disk(entry)
-        size = f"{entry.size / 2**20:,.0f} MiB" if entry.size else "?"
-        sources = "+".join(s for s in ("hf", "pypi") if getattr(entry, s))
-        print(f"  {entry.name:30} {entry.quantization:7} {size:>10}  {sources:8} "
+        origin = "shipped" if shipped.models.get(entry.name) == entry else "yours"
+        size = entry.size or (path.stat().st_size if path else None)
+        print(f"  {entry.name:30} {entry.quantization:7} {_size(size):>10}  {origin:7} "
               f"{'on disk: ' + str(path) if path else 'not on disk'}")
     print("pairs:")
     for pair in catalog.pairs.values():
         mark = "*" if pair.name == catalog.default_pair else " "
-        print(f" {mark}{pair.name:20} {pair.target} + {pair.draft}  ({pair.note})")
+        print(f" {mark}{pair.name:20} {pair.target} + {pair.draft or '(no draft: lookup)'}"
+              + (f"  ({pair.note})" if pair.note else ""))
+    return 0
+
+
+def _add(args: argparse.Namespace) -> int:
+    from specchat.manage import add_model
+
+    added = add_model(args.source, args.name, fetch=not args.no_fetch, progress=_progress)
+    e = added.entry
+    where = f"on disk: {added.path}" if added.path else f"not fetched yet: `specchat pull {added.name}`"
+    print(f"added {added.name} ({e.quantization}, {_size(e.size)}, sha256 {(e.sha256 or '?')[:12]}…), {where}")
+    print(f"find its draft: specchat drafts {added.name}")
+    return 0
+
+
+def _remove(args: argparse.Namespace) -> int:
+    from specchat.manage import remove_model
+
+    pairs, path = remove_model(args.name)
+    print(f"removed {args.name}" + (f" and its pairs {', '.join(pairs)}" if pairs else "") + " from your catalog")
+    if path is None:
+        return 0
+    delete = args.delete_file
+    if delete is None and sys.stdin.isatty():
+        delete = input(f"delete its file {path} ({_size(path.stat().st_size)})? [y/N] ").strip().lower() in ("y", "yes")
+    if delete:
+        path.unlink()
+        print(f"deleted {path}")
+    else:
+        print(f"kept {path}" + ("" if args.delete_file is False else " (delete it with --delete-file)"))
+    return 0
+
+
+def _drafts(args: argparse.Namespace) -> int:
+    from specchat.manage import find_drafts, target_path
+
+    target = target_path(args.target)
+    candidates = find_drafts(target)
+    print(f"drafts for {args.target} ({target.name}):")
+    for c in candidates:
+        verdict = "compatible" if c.compatible else f"no: {c.reason}"
+        print(f"  {c.label:40} {_size(c.size):>10}  {verdict}")
+    if not any(c.compatible for c in candidates):
+        print("none on disk can draft for it: the app still runs it with prompt lookup and plain decoding")
+    return 0
+
+
+def _pair(args: argparse.Namespace) -> int:
+    from specchat.manage import make_pair
+
+    _, how = make_pair(args.name, args.target, args.draft, args.default)
+    print(f"pair {args.name}: {args.target}; {how}" + (" (now the default)" if args.default else ""))
+    print(f"use it: specchat --pair {args.name}")
     return 0
 
 

@@ -29,7 +29,7 @@ ALLOWED = {
     "ui": {"llama", "spec", "models", "store", "services"},
     "server": {"llama", "spec", "models", "store", "services"},  # specchat serve: beside the UI, never using it
 }
-SERVICES = {"backend", "loader", "documents", "remote"}
+SERVICES = {"backend", "loader", "documents", "remote", "manage"}
 NO_TEXTUAL = {"llama", "spec", "models", "store", "services", "server"}
 
 
