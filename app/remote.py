@@ -125,7 +125,9 @@ def stats_from_stream(n_prompt: int, n_tokens: int, prefill_s: float, stream_s: 
 class RemoteBackend:
     """A model on an OpenAI-compatible server. One generation at a time, as the engine runs."""
 
-    has_draft = False  # the server drafts (or not) by its own configuration; the guesser setting is moot
+    # The server drafts by its own configuration. specchat serve also takes the guesser and draft length
+    # a request names (others ignore the fields), so every guesser is offered, the draft one included.
+    has_draft = True
     warnings: list[str] = []
 
     def __init__(self, choice: RemoteChoice) -> None:
@@ -189,17 +191,21 @@ class RemoteBackend:
         with self._busy:
             if self._client is None:
                 raise SpecchatError(f"not connected to {self.root}")
-            yield from self._generate(self._client, messages, config, cancel)
+            yield from self._generate(self._client, messages, config, guesser, cancel)
 
     # --- one answer -----------------------------------------------------------------------------
 
-    def _generate(self, client: openai.OpenAI, messages: Sequence[Message], config: GenerationConfig,
+    def _generate(self, client: openai.OpenAI, messages: Sequence[Message], config: GenerationConfig, guesser: str,
                   cancel: threading.Event) -> Iterator[BackendEvent]:
         import openai
 
         before = self._counters() if self.has_metrics else {}
         s = config.sampling
-        extra = {k: v for k, v in (("top_k", s.top_k), ("min_p", s.min_p)) if v}  # llama-server and vLLM take these
+        # llama-server and vLLM take top_k and min_p; specchat serve also a guesser and a draft length.
+        extra = {k: v for k, v in (("top_k", s.top_k), ("min_p", s.min_p), ("draft_length", config.draft_length))
+                 if v is not None and v != 0}
+        if guesser != "auto":
+            extra["guesser"] = guesser
         t0 = time.perf_counter()
         try:
             stream = client.chat.completions.create(

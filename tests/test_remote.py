@@ -159,10 +159,14 @@ def test_sampling_settings_and_the_chosen_model_reach_the_server():
         backend = loaded(server.url, model="fake-other")
         config = GenerationConfig(SamplingConfig(0.7, top_k=40, top_p=0.9, min_p=0.05, seed=3), max_tokens=77)
         list(backend.chat([Message("system", "Be brief."), Message("user", "Hi")], config, "auto", threading.Event()))
-    r = server.requests[-1]
+        # specchat serve takes a guesser and a draft length (other servers ignore the fields).
+        list(backend.chat([Message("user", "Hi")], replace(config, draft_length=5), "draft", threading.Event()))
+    r, asked = server.requests
     assert r["model"] == "fake-other" and r["max_tokens"] == 77 and r["seed"] == 3
     assert (r["temperature"], r["top_p"], r["top_k"], r["min_p"]) == (0.7, 0.9, 40, 0.05)
     assert [m["role"] for m in r["messages"]] == ["system", "user"]
+    assert "guesser" not in r and "draft_length" not in r
+    assert (asked["guesser"], asked["draft_length"]) == ("draft", 5)
 
 
 def test_cancel_closes_the_stream_while_the_server_is_silent():
@@ -369,3 +373,73 @@ def test_the_api_key_comes_from_the_option_or_the_environment(monkeypatch):
     assert opened == [(RemoteChoice("http://gpu-box:8080", "from-env", "m"), "from-env"),
                       (RemoteChoice("http://gpu-box:8080", "given", None), "given"),
                       (None, "from-env")]
+
+
+# --- against a live `specchat serve` (real models) ---------------------------------------------------
+
+REAL_TIMEOUT_S = 300.0  # loading the pair, measuring its cost curve once, and answering, on 2 cores
+
+
+@pytest.fixture
+def live_server():
+    """`specchat serve` on smollm2-self (the draft guesser asked for, so that acceptance shows on a CPU)."""
+    pytest.importorskip("fastapi")
+    from test_server import serving as specchat_serve
+
+    with specchat_serve("--ctx", "1024") as server:
+        yield f"http://127.0.0.1:{server.port}"
+    assert "Traceback" not in "".join(server.stderr), "".join(server.stderr)
+
+
+@pytest.mark.real
+async def test_the_app_on_a_live_specchat_serve_shows_its_acceptance(tmp_path, live_server):
+    (tmp_path / "config.toml").write_text('guesser = "draft"\nmax_tokens = 48\n')
+    app = make_app(tmp_path, FakeBackend(), remote=RemoteChoice(live_server))
+    async with app.run_test(size=(140, 40)) as pilot:
+        await until(pilot, lambda: app.ready, "the server's models", timeout=REAL_TIMEOUT_S)
+        assert isinstance(app.backend, RemoteBackend) and "smollm2" in app.backend.name.lower()
+        await send(pilot, app, "Count from one to twenty in words.")
+        await until(pilot, lambda: answered(app), "the answer", timeout=REAL_TIMEOUT_S)
+        numbers = panel(app)
+        assert f"figures   {TIMINGS}" in numbers, numbers
+        accepted, drafted = map(int, numbers.split("accept")[1].split("(")[1].split(")")[0].split("/"))
+        assert drafted > 0 and accepted > 0, numbers  # SmolLM2 drafting for itself: most guesses land
+        answer = app.store.messages(app.conversation_id)[-1]
+        assert answer.status == "complete" and answer.content.strip()
+        assert answer.stats["guesser"] == TIMINGS and answer.stats["acceptance"] > 0
+        assert app.store.conversations()[0].server == live_server
+
+
+@pytest.mark.real
+@pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="needs tmux")
+def test_specchat_server_in_a_real_terminal(tmp_path, live_server):
+    import os
+    import re
+    import shlex
+    import subprocess
+
+    from test_e2e_tmux import REPO, tmux, wait_for
+
+    session = f"specchat-remote-{os.getpid()}"
+    env = {"XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config"),
+           "TERM": "xterm-256color"}
+    (tmp_path / "config" / "specchat").mkdir(parents=True)
+    (tmp_path / "config" / "specchat" / "config.toml").write_text('guesser = "draft"\nmax_tokens = 48\n')
+    command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    command += f" {shlex.quote(sys.executable)} -m specchat.cli --server {shlex.quote(live_server)}"
+    tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", "-c", str(REPO), command)
+    try:
+        wait_for(session, r"ready · remote", timeout=REAL_TIMEOUT_S)
+        tmux("send-keys", "-t", session, "-l", "Count from one to twenty in words.")
+        tmux("send-keys", "-t", session, "Enter")
+        text = wait_for(session, r"done · figures: server timings", timeout=REAL_TIMEOUT_S)
+        assert "figures   server timings" in text, text
+        accept = re.search(r"accept\s+(\d+)%\s+\((\d+)/(\d+)\)", text)
+        assert accept and int(accept.group(2)) > 0, text
+        tmux("send-keys", "-t", session, "C-q")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    db = sqlite3.connect(tmp_path / "data" / "specchat" / "specchat.db")
+    assert db.execute("SELECT server FROM conversations").fetchall() == [(live_server,)]
+    rows = db.execute("SELECT role, status, length(content) FROM messages ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == ["user", "assistant"] and rows[1][1] == "complete" and rows[1][2] > 0

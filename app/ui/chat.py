@@ -316,7 +316,7 @@ class ChatScreen(Screen[None]):
         if backend is None:
             return
         remote = remote_server(backend) is not None
-        self.query_one(StatsPanel).reset(backend.name, backend.baseline(), "the server's own" if remote else
+        self.query_one(StatsPanel).reset(backend.name, backend.baseline(), f"{settings.guesser} (asked)" if remote else
                                          settings.guesser, STREAMING if remote else "")
 
     async def _show(self, batch: GenerationBatch) -> None:
