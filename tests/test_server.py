@@ -442,6 +442,25 @@ def test_any_address_needs_a_key_and_with_one_unkeyed_requests_get_401():
         assert s.post("/v1/chat/completions", GOOD)[0] == 200
 
 
+def test_stopping_the_server_tells_open_requests_so():
+    with serving("--ctx", "1024", "--api-key", KEY) as s:
+        streaming = _open_request(s, {"prompt": COUNTING, "max_tokens": 900, "stream": True})
+        resp = streaming.getresponse()
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")
+        waiting = _open_request(s, {"prompt": COUNTING, "max_tokens": 900})
+        _wait_for(s, "a request queueing", lambda h: h["waiting"] == 1)
+        s.proc.terminate()
+        rest = resp.read()  # the stream ends now, with an error event saying why
+        assert b'"code": "server_stopping"' in rest and not rest.rstrip().endswith(b"[DONE]"), rest[-300:]
+        queued = waiting.getresponse()
+        assert queued.status == 503 and json.loads(queued.read())["error"]["code"] == "server_stopping"
+        s.proc.wait(timeout=30)
+        streaming.close()
+        waiting.close()
+    assert "Traceback" not in "".join(s.stderr), "".join(s.stderr)
+    tally("server: stopped with requests open", trials=1, faults=1, lost=0)
+
+
 def _cli(*args: str, env: dict[str, str] | None = None, code: str | None = None) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "specchat.cli", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})

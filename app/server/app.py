@@ -168,7 +168,7 @@ async def _until_done(next_item: Callable[[], Awaitable[Any]], prompt_field: str
     while True:
         item = await next_item()
         if isinstance(item, Done):
-            return item
+            return _stopping() if item.reason == "cancelled" else item
         if item is END or isinstance(item, Failed):
             return _failure(item, prompt_field)
 
@@ -187,6 +187,9 @@ async def _events(next_item: Callable[[], Awaitable[Any]], first: Any, shape: _S
             sent += len(item.text)
             yield _sse(shape.chunk(item.text))
         elif isinstance(item, Done):
+            if item.reason == "cancelled":  # not by this client, who is still here: by the server stopping
+                yield _sse(json.loads(_stopping().body))
+                return
             if rest := item.text[sent:]:  # text held back near a stop string, released at the end
                 yield _sse(shape.chunk(rest))
             yield _sse(shape.last(item))
@@ -233,9 +236,13 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
+def _stopping() -> JSONResponse:
+    return error(503, "the server is stopping; retry when it is back", code="server_stopping")
+
+
 def _failure(item: Any, prompt_field: str) -> JSONResponse:
     if item is END:  # the worker stopped before this job ran: the server is shutting down
-        return error(503, "the server is stopping", code="server_stopping")
+        return _stopping()
     e = item.error
     if isinstance(e, (ContextLengthExceeded, ContextFull)):
         return error(400, str(e), param=prompt_field, code="context_length_exceeded")

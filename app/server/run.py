@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import sys
+from types import FrameType
 
 import uvicorn
 
@@ -23,6 +24,7 @@ from specchat.server.service import ServedModel
 from specchat.server.worker import Worker
 
 API_KEY_ENV = "SPECCHAT_API_KEY"
+GRACE_S = 3  # how long open requests get to end once the server is told to stop
 STOP_WAIT_S = 30.0  # a prefill under way cannot be interrupted: how long to wait for it at exit
 
 
@@ -47,8 +49,8 @@ def serve(choice: ModelChoice, host: str, port: int, api_key: str | None, max_wa
     model = ServedModel(pair, _model_id(choice))
     worker = Worker(max_waiting)
     logging.basicConfig(level=logging.WARNING, format="specchat: %(levelname)s: %(message)s")
-    server = uvicorn.Server(uvicorn.Config(create_app(model, worker, api_key), log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=3))
+    server = _Server(uvicorn.Config(create_app(model, worker, api_key), log_level="warning", access_log=False,
+                                    timeout_graceful_shutdown=GRACE_S), worker)
     name = f"[{host}]" if ":" in host else host
     print(f"specchat: serving {model.id} ({pair.name}) on http://{name}:{sock.getsockname()[1]}/v1",
           file=sys.stderr, flush=True)
@@ -58,6 +60,19 @@ def serve(choice: ModelChoice, host: str, port: int, api_key: str | None, max_wa
         # Models are freed only once no step is running in them.
         if worker.stop(STOP_WAIT_S):
             model.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which on Ctrl+C or SIGTERM first cancels the generations, so that the requests
+    they serve end now and the graceful shutdown has nothing to wait for."""
+
+    def __init__(self, config: uvicorn.Config, worker: Worker) -> None:
+        super().__init__(config)
+        self.worker = worker
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.worker.cancel_all()
+        super().handle_exit(sig, frame)
 
 
 def is_loopback(host: str) -> bool:

@@ -78,6 +78,7 @@ class Worker:
         self._lock = threading.Lock()
         self._waiting = 0
         self._running: Job | None = None
+        self._stopping = False
         self._mean_s = 1.0  # how long a job takes, smoothed: for Retry-After
         self._thread = threading.Thread(target=self._loop, name="specchat-generation", daemon=True)
         self._thread.start()
@@ -100,19 +101,26 @@ class Worker:
         self._jobs.put(job)
         return job
 
-    def stop(self, timeout: float) -> bool:
-        """Cancel everything, let the running step end and the thread exit; True if it did in time."""
+    def cancel_all(self) -> None:
+        """Stop the running generation at its next step and answer every waiting request (the server is
+        stopping: its clients hear so now, rather than when the shutdown's grace period runs out)."""
         with self._lock:
+            self._stopping = True
             if self._running is not None:
                 self._running.cancel.set()
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel.set()
-                job.post(END)
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    self._waiting -= 1
+                    job.cancel.set()
+                    job.post(END)
+
+    def stop(self, timeout: float) -> bool:
+        """Cancel everything, let the running step end and the thread exit; True if it did in time."""
+        self.cancel_all()
         self._jobs.put(None)
         self._thread.join(timeout)
         return not self._thread.is_alive()
@@ -122,6 +130,8 @@ class Worker:
             with self._lock:
                 self._waiting -= 1
                 self._running = job
+                if self._stopping:  # taken from the queue just as cancel_all emptied it
+                    job.cancel.set()
             try:
                 if job.cancel.is_set():
                     self.counters.dropped += 1
