@@ -84,9 +84,9 @@ class Server:
 
 
 @contextmanager
-def serving(*args: str, env: dict[str, str] | None = None) -> Iterator[Server]:
+def serving(*args: str, env: dict[str, str] | None = None, models: tuple[str, ...] = ("--pair", PAIR)) -> Iterator[Server]:
     """A `specchat serve` process on a free loopback port (port 0: the server names the one it got)."""
-    proc = subprocess.Popen([sys.executable, "-m", "specchat.cli", "serve", "--pair", PAIR, "--port", "0", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "specchat.cli", "serve", *models, "--port", "0", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})
     lines: queue.Queue[str] = queue.Queue()
@@ -433,13 +433,20 @@ def test_the_api_key_is_required_but_health_stays_open(server):
     assert [m.id for m in models.data] == [PAIR]
 
 
-def test_any_address_needs_a_key_and_with_one_unkeyed_requests_get_401():
+def test_any_address_needs_a_key_and_with_one_unkeyed_requests_get_401(smol_path, tmp_path):
     # A key from the environment counts; the server listens on every address, and is talked to on loopback.
-    with serving("--host", "0.0.0.0", "--ctx", "256", env={"SPECCHAT_API_KEY": KEY}) as s:
+    # Its draft is missing: it serves the target alone and says why at start-up.
+    models = ("--target", str(smol_path), "--draft", str(tmp_path / "missing.gguf"))
+    with serving("--host", "0.0.0.0", "--ctx", "256", env={"SPECCHAT_API_KEY": KEY}, models=models) as s:
         got, _, body = s.request("POST", "/v1/chat/completions", json.dumps(GOOD).encode(),
                                  {"Content-Type": "application/json"}, auth=False)
         assert got == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
         assert s.post("/v1/chat/completions", GOOD)[0] == 200
+        got, _, answer = s.post("/v1/chat/completions", GOOD | {"guesser": "draft"})
+        assert got == 400 and "missing.gguf" in answer["error"]["message"], answer
+        assert [m.id for m in s.client().models.list().data] == [smol_path.stem]
+    warnings = [line for line in s.stderr if line.startswith("specchat: warning: no draft model")]
+    assert len(warnings) == 1 and "missing.gguf" in warnings[0], s.stderr
 
 
 def test_stopping_the_server_tells_open_requests_so():
