@@ -468,6 +468,50 @@ def test_stopping_the_server_tells_open_requests_so():
     tally("server: stopped with requests open", trials=1, faults=1, lost=0)
 
 
+class _BrokenModel:
+    """A served model with a bug in it: every generation raises."""
+
+    id, n_ctx, pair = "broken", 256, None
+
+    def chat(self, *args: Any) -> Iterator[Any]:
+        raise RuntimeError("a bug in the model layer")
+
+    complete = chat
+
+
+def test_an_internal_error_is_a_logged_500_and_the_server_goes_on(caplog):
+    import uvicorn
+
+    from specchat.server.app import create_app
+    from specchat.server.run import bind
+    from specchat.server.worker import Worker
+
+    worker = Worker(max_waiting=2)
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(_BrokenModel(), worker), log_level="critical"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        s = Server(None, sock.getsockname()[1], [])  # type: ignore[arg-type]
+        with caplog.at_level("ERROR", logger="specchat.server"):
+            for path, body in [("/v1/chat/completions", GOOD), ("/v1/completions", {"prompt": "x"}),
+                               ("/v1/completions", {"prompt": "x", "stream": True})]:
+                got, _, answer = s.post(path, body, auth=False)
+                assert got == 500, answer
+                _is_error(answer, 500)
+                assert "RuntimeError" in answer["error"]["message"]
+        assert sum("generation failed" in r.message and r.exc_info is not None for r in caplog.records) == 3
+        assert s.health()["failed"] == 3  # and the server still answers
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        assert worker.stop(timeout=30)
+        sock.close()
+
+
 def _cli(*args: str, env: dict[str, str] | None = None, code: str | None = None) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "specchat.cli", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
