@@ -112,9 +112,9 @@ def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Ca
     not fit in memory is left out rather than failing the whole pair: lookup and plain decoding still
     work, and `LoadedPair.warnings` says why."""
     target_path, draft_path, warnings = model_paths(choice, catalog, progress)
-    if draft_path is not None and (why := _does_not_fit(target_path, draft_path)):
-        warnings.append(f"no draft model: {why}")
-        draft_path = None
+    said, leave_out = _memory_warnings(target_path, draft_path)
+    warnings += said
+    draft_path = None if leave_out else draft_path
     n_ctx = choice.n_ctx or DEFAULT_CONTEXT
     target = Model(target_path, n_ctx=n_ctx, n_threads=choice.threads, n_gpu_layers=choice.gpu_layers)
     draft = None
@@ -137,19 +137,24 @@ def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Ca
     return loaded
 
 
-def _does_not_fit(target: Path, draft: Path) -> str | None:
-    """Why the pair would not fit in the memory free now, if the target alone would (Linux only;
-    elsewhere nothing is known, and nothing is said)."""
+def _memory_warnings(target: Path, draft: Path | None) -> tuple[list[str], bool]:
+    """Before loading, the pair's file sizes against the memory free now (Linux only; elsewhere nothing
+    is known and nothing is said): what to warn of, and whether the draft should be left out because
+    the target fits alone and the pair does not."""
     try:
         meminfo = Path("/proc/meminfo").read_text()
         free = int(re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.M).group(1)) * 1024  # type: ignore[union-attr]
-        sizes = target.stat().st_size, draft.stat().st_size
+        sizes = target.stat().st_size, draft.stat().st_size if draft is not None else 0
     except (OSError, AttributeError):
-        return None
-    if sum(sizes) > free >= sizes[0]:
-        return (f"the pair needs about {sum(sizes) / 2**30:.1f} GiB and {free / 2**30:.1f} GiB of memory is free; "
-                "the target runs alone (close other programs, or pick a smaller pair)")
-    return None
+        return [], False
+    gib = 2**30
+    if sizes[0] > free:
+        return [f"the target needs about {sizes[0] / gib:.1f} GiB and {free / gib:.1f} GiB of memory is free: "
+                "it may swap or fail to load (close other programs, lower GPU layers, or pick a smaller model)"], False
+    if sum(sizes) > free:
+        return [f"no draft model: the pair needs about {sum(sizes) / gib:.1f} GiB and {free / gib:.1f} GiB of memory "
+                "is free; the target runs alone (close other programs, or pick a smaller pair)"], True
+    return [], False
 
 
 def _curve_key(target: Model, draft: Model | None) -> str:

@@ -155,9 +155,10 @@ def _gguf_files() -> list[Path]:
 
 
 def make_pair(name: str, target: str, draft: str | None = None, default: bool = False,
-              catalog: Catalog | None = None) -> tuple[str | None, str]:
+              catalog: Catalog | None = None, choose_draft: bool = True) -> tuple[str | None, str]:
     """Record a pair in the user catalog. With no draft, the fastest compatible one on disk is
-    chosen. Returns the draft (None: the target alone) and a line saying what was chosen and why."""
+    chosen, unless `choose_draft` is false (the target alone, by choice). Returns the draft (None:
+    the target alone) and a line saying what was chosen and why."""
     catalog = catalog or load_catalog()
     if target not in catalog.models:
         raise SpecchatError(f"unknown model {target!r}; add it first (`specchat add PATH-or-hf:REPO`)")
@@ -176,6 +177,8 @@ def make_pair(name: str, target: str, draft: str | None = None, default: bool = 
             how = f"{draft} drafts (its tokenizer matches)"
         else:
             how = f"{draft} drafts (checked when both are on disk and the pair loads)"
+    elif not choose_draft:
+        how = "no draft, by choice: the pair uses prompt lookup and plain decoding"
     elif t_path is None:
         raise SpecchatError(f"model {target} is not on disk, so no draft can be chosen for it; `specchat pull {target}` "
                             "first, or name the draft")

@@ -142,3 +142,48 @@ def test_the_hub_file_is_picked_by_quantization_or_the_choices_are_listed():
         pick_hub_file("o/r", ["README.md"], None)
     assert [quantization(f) for f in ("a-Q4_K_M.gguf", "b.IQ4_XS.gguf", "c-f16.gguf", "d.gguf")] == \
         ["Q4_K_M", "IQ4_XS", "F16", "?"]
+
+
+@pytest.mark.real
+async def test_the_models_screen_adds_a_file_and_offers_only_compatible_drafts(tmp_path, monkeypatch, smol_path,
+                                                                               qwen_paths):
+    from test_ui import make_app, until
+    from textual.widgets import Button, Input, Select
+
+    from specchat.ui.models import NO_DRAFT, ModelsScreen
+    from specchat.ui.screens import SettingsScreen
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("SPECCHAT_CATALOG", raising=False)
+    own = tmp_path / "my-smol.gguf"
+    shutil.copy(smol_path, own)
+    app = make_app(tmp_path)  # a scripted backend: this is about the screens, which read real GGUF files
+    async with app.run_test(size=(140, 50)) as pilot:
+        await until(pilot, lambda: app.ready, "the backend")
+        app.action_settings()
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#models"), "the settings")
+        app.screen.query_one("#models", Button).press()
+        await until(pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen.query("#add"), "the models screen")
+        screen = app.screen
+        text = lambda widget: str(screen.query_one(widget).render())  # noqa: E731
+        screen.query_one("#source", Input).value = str(own)
+        screen.query_one("#add", Button).press()
+        await until(pilot, lambda: text("#add-status").startswith("added my-smol (Q4_1, 94 MiB)"), "the file added")
+        assert screen.query_one("#target", Select).value == "my-smol"  # the next step: its draft
+
+        screen.query_one("#target", Select).value = TARGET
+        draft = screen.query_one("#draft", Select)
+        await until(pilot, lambda: draft.value == "qwen2.5-coder-0.5b-instruct", "the drafts listed", timeout=30)
+        offered = [value for _, value in draft._options if isinstance(value, str)]
+        assert offered == ["qwen2.5-coder-0.5b-instruct", NO_DRAFT]  # SmolLM2's tokenizer is another one
+        notes = text("#draft-notes")
+        assert "my-smol: token 0 is '!' in the target but '<|endoftext|>' in the draft" in notes
+        assert f"{TARGET}: it is the target itself" in notes
+
+        screen.query_one("#pair", Button).press()
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen), "back in the settings")
+        name = f"{TARGET}+qwen2.5-coder-0.5b-instruct"
+        assert app.screen.query_one("#pair", Select).value == name
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
+    assert user_catalog(env)["pairs"][name] == {"target": TARGET, "draft": "qwen2.5-coder-0.5b-instruct"}
+    assert user_catalog(env)["models"]["my-smol"]["path"] == str(own)

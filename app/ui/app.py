@@ -159,6 +159,10 @@ class SpecchatApp(App[None]):
     def action_settings(self) -> None:
         if self.catalog is None:
             return
+        try:
+            self.catalog = load_catalog()  # `specchat add` in another terminal may have changed it
+        except SpecchatError as e:
+            self.notify(str(e), severity="error", timeout=20)
         compatibility = {}
         if self.backend is not None and self.ready:
             name = self.settings.pair or self.catalog.default_pair

@@ -14,7 +14,7 @@ from textual.suggester import Suggester
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
 from specchat.errors import SpecchatError
-from specchat.models.catalog import Catalog
+from specchat.models.catalog import Catalog, load_catalog
 from specchat.models.fetch import on_disk
 from specchat.spec.guessers import GUESSERS
 from specchat.store.settings import Settings
@@ -128,11 +128,17 @@ class SettingsScreen(ModalScreen[Settings | None]):
     def _pair_label(self, name: str) -> str:
         pair = self.catalog.pairs[name]
         parts = []
-        for role in ("target", "draft"):
-            m = self.catalog.models[getattr(pair, role)]
+        for model in (pair.target, pair.draft):
+            if model is None:
+                parts.append("no draft (lookup)")
+                continue
+            m = self.catalog.models[model]
             size = f"{m.size / 2**20:,.0f} MiB" if m.size else "size ?"
             parts.append(f"{m.name} ({m.quantization}, {size}, {'on disk' if on_disk(m) else 'not on disk'})")
         return f"{name}: {' + '.join(parts)} · {self.compatibility.get(name, 'compatibility checked on load')}"
+
+    def _pair_options(self) -> list[tuple[str, str]]:
+        return [(self._pair_label(n), n) for n in self.catalog.pairs]
 
     def compose(self) -> ComposeResult:
         s = self.settings
@@ -141,8 +147,10 @@ class SettingsScreen(ModalScreen[Settings | None]):
             yield Label("Server URL: an OpenAI-compatible server to chat with instead (empty: this machine's models)")
             yield Input(s.server, id="server", placeholder="http://HOST:8080")
             yield Label("Model pair")
-            yield Select([(self._pair_label(n), n) for n in self.catalog.pairs],
-                         value=s.pair or self.catalog.default_pair, id="pair", allow_blank=False)
+            with Horizontal(classes="row"):
+                yield Select(self._pair_options(), value=s.pair or self.catalog.default_pair, id="pair",
+                             allow_blank=False)
+                yield Button("Models…", id="models")
             yield Label("Guesser")
             yield Select([(g, g) for g in GUESSERS], value=s.guesser, id="guesser", allow_blank=False)
             with Grid(classes="numbers"):
@@ -164,7 +172,20 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Button("Cancel", id="cancel")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.action_save() if event.button.id == "save" else self.dismiss(None)
+        if event.button.id == "models":
+            from specchat.ui.models import ModelsScreen
+
+            self.app.push_screen(ModelsScreen(self.query_one("#offline", Checkbox).value), self._models_changed)
+        else:
+            self.action_save() if event.button.id == "save" else self.dismiss(None)
+
+    def _models_changed(self, pair: str | None) -> None:
+        """Back from the Models screen: models and pairs may have been added; select the new pair."""
+        self.catalog = load_catalog()
+        select = self.query_one("#pair", Select)
+        chosen = pair or select.value
+        select.set_options(self._pair_options())
+        select.value = chosen
 
     def action_cancel(self) -> None:
         self.dismiss(None)
