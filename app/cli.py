@@ -377,7 +377,7 @@ def _pull(args: argparse.Namespace) -> int:
     catalog = load_catalog()
     if args.name is None or args.name in catalog.pairs:
         pair = catalog.pair(args.name)
-        names = [pair.target, pair.draft]
+        names = [pair.target] + ([pair.draft] if pair.draft is not None else [])
     else:
         names = [catalog.model(args.name).name]
     for name in dict.fromkeys(names):
