@@ -86,7 +86,10 @@ class Server:
 @contextmanager
 def serving(*args: str, env: dict[str, str] | None = None, models: tuple[str, ...] = ("--pair", PAIR)) -> Iterator[Server]:
     """A `specchat serve` process on a free loopback port (port 0: the server names the one it got)."""
-    proc = subprocess.Popen([sys.executable, "-m", "specchat.cli", "serve", *models, "--port", "0", *args],
+    # One llama.cpp thread: on a machine busy with other work, two threads that wait for each other at
+    # every step slow down far more than one (here the file took 4 minutes instead of 30 s).
+    proc = subprocess.Popen([sys.executable, "-m", "specchat.cli", "serve", *models, "--port", "0", "--threads", "1",
+                             *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})})
     lines: queue.Queue[str] = queue.Queue()
