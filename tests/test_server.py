@@ -222,7 +222,7 @@ def test_text_completions_take_text_or_token_ids(server):
     assert ids.usage.prompt_tokens == 3 and ids.usage.completion_tokens == 2
 
 
-@pytest.mark.parametrize("guesser", ["none", "lookup"])
+@pytest.mark.parametrize("guesser", ["none", "lookup", "draft", "auto"])
 def test_a_seed_gives_the_same_sample_twice(server, guesser):
     def sample(seed: int) -> str:
         return ask(server, "Write one sentence about the sea.", temperature=0.9, seed=seed, max_tokens=24,
