@@ -38,15 +38,20 @@ def wait_for(session: str, pattern: str, timeout: float) -> str:
     raise AssertionError(f"{pattern!r} never appeared; the screen was:\n{screen(session)}")
 
 
+def launch(session: str, tmp_path: Path, config: str, *args: str) -> None:
+    """The app in a new 160x48 tmux session, its data and settings (`config`) under tmp_path."""
+    env = {"XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config"), "TERM": "xterm-256color"}
+    (tmp_path / "config" / "specchat").mkdir(parents=True)
+    (tmp_path / "config" / "specchat" / "config.toml").write_text(config)
+    command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    command += " ".join(["", shlex.quote(sys.executable), "-m", "specchat.cli", *map(shlex.quote, args)])
+    tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", "-c", str(REPO), command)
+
+
 def test_chat_in_a_real_terminal(tmp_path, qwen_paths):
     session = f"specchat-e2e-{os.getpid()}"
-    env = {"XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config"), "TERM": "xterm-256color"}
     # The draft guesser, so that acceptance comes from the draft model (auto may skip it on a CPU).
-    (tmp_path / "config" / "specchat").mkdir(parents=True)
-    (tmp_path / "config" / "specchat" / "config.toml").write_text('guesser = "draft"\n')
-    command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    command += f" {shlex.quote(sys.executable)} -m specchat.cli"
-    tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", "-c", str(REPO), command)
+    launch(session, tmp_path, 'guesser = "draft"\n')
     try:
         wait_for(session, r"ready · guesser draft", timeout=300)
         tmux("send-keys", "-t", session, "-l", "Rewrite formally: the meeting is moved to friday, pls tell everyone.")

@@ -415,19 +415,12 @@ async def test_the_app_on_a_live_specchat_serve_shows_its_acceptance(tmp_path, l
 def test_specchat_server_in_a_real_terminal(tmp_path, live_server):
     import os
     import re
-    import shlex
     import subprocess
 
-    from test_e2e_tmux import REPO, tmux, wait_for
+    from test_e2e_tmux import launch, tmux, wait_for
 
     session = f"specchat-remote-{os.getpid()}"
-    env = {"XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config"),
-           "TERM": "xterm-256color"}
-    (tmp_path / "config" / "specchat").mkdir(parents=True)
-    (tmp_path / "config" / "specchat" / "config.toml").write_text('guesser = "draft"\nmax_tokens = 48\n')
-    command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    command += f" {shlex.quote(sys.executable)} -m specchat.cli --server {shlex.quote(live_server)}"
-    tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", "-c", str(REPO), command)
+    launch(session, tmp_path, 'guesser = "draft"\nmax_tokens = 48\n', "--server", live_server)
     try:
         wait_for(session, r"ready · remote", timeout=REAL_TIMEOUT_S)
         tmux("send-keys", "-t", session, "-l", "Count from one to twenty in words.")
