@@ -449,7 +449,7 @@ def invalid_catalogs(draw) -> tuple[dict[str, Any], Key]:
         role = draw(st.sampled_from(["target", "draft", "note"]))
         if role == "note":
             data["pairs"][pair]["note"] = draw(not_strings)
-        elif draw(st.booleans()):
+        elif role == "target" and draw(st.booleans()):  # a pair may leave out its draft (lookup only)
             del data["pairs"][pair][role]
         else:
             data["pairs"][pair][role] = draw(st.just(unknown) | not_strings)
@@ -650,6 +650,8 @@ SETTINGS: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
     "gpu_layers": (st.integers(-1, 10_000), st.sampled_from([-2, 10_001, 1.0, "all", False])),
     "draft_gpu_layers": (st.integers(-1, 10_000), st.sampled_from([-2, 10_001, 1.0, "all", False])),
     "theme": (st.text(max_size=10), not_strings),
+    "server": (st.sampled_from(["", "http://127.0.0.1:8080", "https://gpu.example:8000/v1"]),
+               st.sampled_from(["localhost:8080", "ftp://x", "gpu.example"]) | not_strings),
 }
 
 
