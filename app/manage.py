@@ -208,6 +208,9 @@ def remove_model(name: str) -> tuple[list[str], Path | None]:
     catalog = load_catalog()
     path = on_disk(catalog.models[name]) if name in catalog.models else None
     user = UserCatalog()
+    if name in catalog.models and name not in user.doc.get("models", {}):
+        where = f"; its file is {path}, which you may delete" if path else ""
+        raise SpecchatError(f"{name} ships with specchat and stays in its catalog{where}")
     pairs = user.remove_model(name)
     user.save()
     return pairs, path

@@ -104,8 +104,15 @@ def test_a_pair_without_a_compatible_draft_runs_on_lookup_and_remove_forgets_it(
     assert "removed tiny and its pairs tiny-alone" in removed.stdout and own.exists()
     assert "tiny" not in user_catalog(home).get("models", {}) and "tiny-alone" not in user_catalog(home).get("pairs", {})
     assert specchat(home, "add", str(own), "--name", "tiny").returncode == 0
+    shutil.copy(own, own.with_name("again.gguf"))
     assert specchat(home, "remove", "tiny", "--delete-file").returncode == 0 and not own.exists()
-    one_line_error(specchat(home, "remove", "smollm2-135m-instruct"), "not in your catalog")
+    one_line_error(specchat(home, "remove", "smollm2-135m-instruct"), "ships with specchat")
+    one_line_error(specchat(home, "remove", "nothing-like-it"), "not in your catalog")
+    # A user catalog that is not valid TOML is never overwritten: one line says what to fix.
+    broken = Path(home["XDG_CONFIG_HOME"]) / "specchat" / "models.toml"
+    broken.write_text("[models.x\n")
+    one_line_error(specchat(home, "add", str(own.with_name("again.gguf"))), "models.toml")
+    assert broken.read_text() == "[models.x\n"
 
 
 @pytest.mark.real
