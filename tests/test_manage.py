@@ -194,3 +194,14 @@ async def test_the_models_screen_adds_a_file_and_offers_only_compatible_drafts(t
     env = {"XDG_CONFIG_HOME": str(tmp_path / "config")}
     assert user_catalog(env)["pairs"][name] == {"target": TARGET, "draft": "qwen2.5-coder-0.5b-instruct"}
     assert user_catalog(env)["models"]["my-smol"]["path"] == str(own)
+
+
+def test_the_file_picker_offers_folders_and_gguf_files_only(tmp_path):
+    from specchat.ui.models import folders_and_models
+
+    for name in ("models", ".cache"):
+        (tmp_path / name).mkdir()
+    for name in ("a.gguf", "notes.txt", ".hidden.gguf", "b.gguf.part"):
+        (tmp_path / name).write_bytes(b"")
+    shown = folders_and_models(sorted(tmp_path.iterdir()))
+    assert [p.name for p in shown] == ["a.gguf", "models"]

@@ -27,11 +27,14 @@ from specchat.ui.screens import PathSuggester
 NO_DRAFT = "-"  # the draft picker's "none": the target alone, with lookup
 
 
-class GgufTree(DirectoryTree):
-    """Folders and .gguf files only."""
+def folders_and_models(paths: Iterable[Path]) -> list[Path]:
+    """What the file picker shows: folders and .gguf files, not hidden ones."""
+    return [p for p in paths if not p.name.startswith(".") and (p.is_dir() or p.suffix == ".gguf")]
 
+
+class GgufTree(DirectoryTree):
     def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
-        return [p for p in paths if not p.name.startswith(".") and (p.is_dir() or p.suffix == ".gguf")]
+        return folders_and_models(paths)
 
 
 class GgufPicker(ModalScreen[Path | None]):
