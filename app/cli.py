@@ -235,8 +235,7 @@ def _generate(args: argparse.Namespace) -> int:
     target, name = pair.target, args.guesser
     engine = Engine(target, pair.guesser(name))  # the draft guesser without its draft: an error saying why
     for warning in pair.warnings:
-        then = "; using lookup and plain decoding" if warning.startswith("no draft model") else ""
-        print(f"specchat: warning: {warning}{then}", file=sys.stderr)
+        print(f"specchat: warning: {warning}", file=sys.stderr)
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]
     for event in engine.generate(ChatPrompter(target).tokens(messages), config):
         if isinstance(event, Step) and event.text:

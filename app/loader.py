@@ -38,6 +38,12 @@ class ModelChoice:
     offline: bool = False  # the app's offline setting: never fetch (HF_HUB_OFFLINE in the env does the same)
 
 
+def left_out(why: str) -> str:
+    """The warning for a draft left out: why, and what runs instead (the CLI, the server and the app
+    all show it as it is)."""
+    return f"no draft model: {why}; the target runs with prompt lookup and plain decoding"
+
+
 def model_paths(choice: ModelChoice, catalog: Catalog | None = None,
                 progress: Progress | None = None) -> tuple[Path, Path | None, list[str]]:
     """The target's path, the draft's (None if there is none) and why a draft the pair names was left
@@ -55,7 +61,7 @@ def model_paths(choice: ModelChoice, catalog: Catalog | None = None,
     try:
         return target, resolve(catalog.model(pair.draft), choice.fetch, progress, choice.offline), []
     except SpecchatError as e:
-        return target, None, [f"no draft model: {e}"]
+        return target, None, [left_out(str(e))]
 
 
 class LoadedPair:
@@ -82,7 +88,8 @@ class LoadedPair:
             return LookupGuesser()
         if name == "draft":
             if self.draft is None:
-                raise SpecchatError("; ".join(self.warnings) if self.warnings else
+                raise SpecchatError(f"the draft guesser cannot run: {'; '.join(self.warnings)} (choose another guesser)"
+                                    if self.warnings else
                                     "the draft guesser needs a draft model: pass --draft PATH or use a --pair")
             return DraftGuesser(self.draft)
         if name == "auto":
@@ -126,7 +133,7 @@ def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Ca
             if draft is not None:
                 draft.close()
                 draft = None
-            warnings.append(f"no draft model: {e}")
+            warnings.append(left_out(str(e)))
         except BaseException:
             if draft is not None:
                 draft.close()
@@ -152,8 +159,8 @@ def _memory_warnings(target: Path, draft: Path | None) -> tuple[list[str], bool]
         return [f"the target needs about {sizes[0] / gib:.1f} GiB and {free / gib:.1f} GiB of memory is free: "
                 "it may swap or fail to load (close other programs, lower GPU layers, or pick a smaller model)"], False
     if sum(sizes) > free:
-        return [f"no draft model: the pair needs about {sum(sizes) / gib:.1f} GiB and {free / gib:.1f} GiB of memory "
-                "is free; the target runs alone (close other programs, or pick a smaller pair)"], True
+        return [left_out(f"the pair needs about {sum(sizes) / gib:.1f} GiB and {free / gib:.1f} GiB of memory is free "
+                         "(close other programs, or pick a smaller pair)")], True
     return [], False
 
 

@@ -45,7 +45,7 @@ def serve(choice: ModelChoice, host: str, port: int, api_key: str | None, max_wa
         sock.close()
         raise
     for warning in pair.warnings:
-        print(f"specchat: warning: {warning}; using lookup and plain decoding", file=sys.stderr)
+        print(f"specchat: warning: {warning}", file=sys.stderr)
     if progress is not None:
         progress("measuring this machine's decode costs (first run only)", 0, 1)
     pair.curve()  # auto's cost curve: measured once per machine and cached, now rather than in the first request
