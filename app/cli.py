@@ -10,6 +10,7 @@ from typing import Sequence
 
 from specchat.errors import SpecchatError
 from specchat.loader import ModelChoice
+from specchat.models.catalog import size_text
 from specchat.spec.guessers import GUESSERS
 
 COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "costs", "models", "pull", "endurance", "add", "remove", "drafts",
@@ -282,10 +283,6 @@ def _costs(args: argparse.Namespace) -> int:
     return run_costs(_choice(args), args.remeasure, _progress)
 
 
-def _size(n: int | None) -> str:
-    return f"{n / 2**20:,.0f} MiB" if n else "size ?"
-
-
 def _models(args: argparse.Namespace) -> int:
     from specchat.models.catalog import load_catalog, shipped_catalog_path
     from specchat.models.fetch import models_dir, on_disk
@@ -296,7 +293,7 @@ def _models(args: argparse.Namespace) -> int:
         path = on_disk(entry)
         origin = "shipped" if shipped.models.get(entry.name) == entry else "yours"
         size = entry.size or (path.stat().st_size if path else None)
-        print(f"  {entry.name:30} {entry.quantization:7} {_size(size):>10}  {origin:7} "
+        print(f"  {entry.name:30} {entry.quantization:7} {size_text(size):>10}  {origin:7} "
               f"{'on disk: ' + str(path) if path else 'not on disk'}")
     print("pairs:")
     for pair in catalog.pairs.values():
@@ -312,7 +309,7 @@ def _add(args: argparse.Namespace) -> int:
     added = add_model(args.source, args.name, fetch=not args.no_fetch, progress=_progress)
     e = added.entry
     where = f"on disk: {added.path}" if added.path else f"not fetched yet: `specchat pull {added.name}`"
-    print(f"added {added.name} ({e.quantization}, {_size(e.size)}, sha256 {(e.sha256 or '?')[:12]}…), {where}")
+    print(f"added {added.name} ({e.quantization}, {size_text(e.size)}, sha256 {(e.sha256 or '?')[:12]}…), {where}")
     print(f"find its draft: specchat drafts {added.name}")
     return 0
 
@@ -326,7 +323,7 @@ def _remove(args: argparse.Namespace) -> int:
         return 0
     delete = args.delete_file
     if delete is None and sys.stdin.isatty():
-        delete = input(f"delete its file {path} ({_size(path.stat().st_size)})? [y/N] ").strip().lower() in ("y", "yes")
+        delete = input(f"delete its file {path} ({size_text(path.stat().st_size)})? [y/N] ").strip().lower() in ("y", "yes")
     if delete:
         path.unlink()
         print(f"deleted {path}")
@@ -343,7 +340,7 @@ def _drafts(args: argparse.Namespace) -> int:
     print(f"drafts for {args.target} ({target.name}):")
     for c in candidates:
         verdict = "compatible" if c.compatible else f"no: {c.reason}"
-        print(f"  {c.label:40} {_size(c.size):>10}  {verdict}")
+        print(f"  {c.label:40} {size_text(c.size):>10}  {verdict}")
     if not any(c.compatible for c in candidates):
         print("none on disk can draft for it: the app still runs it with prompt lookup and plain decoding")
     return 0

@@ -14,7 +14,7 @@ from typing import Iterator
 
 from specchat.errors import SpecchatError
 from specchat.llama.vocab import VocabFile, incompatibility
-from specchat.models.catalog import Catalog, ModelEntry, load_catalog
+from specchat.models.catalog import Catalog, ModelEntry, load_catalog, size_text
 from specchat.models.fetch import Progress, models_dir, on_disk, resolve
 from specchat.models.sources import LocalFile, hub_file, parse_source, quantization, sha256_file
 from specchat.models.usercat import UserCatalog
@@ -187,7 +187,7 @@ def make_pair(name: str, target: str, draft: str | None = None, default: bool = 
         in_catalog = [c for c in usable if c.name is not None]
         if in_catalog:
             draft = in_catalog[0].name
-            how = f"{draft} drafts: the smallest compatible model on disk ({(in_catalog[0].size or 0) / 2**20:,.0f} MiB)"
+            how = f"{draft} drafts: the smallest compatible model on disk ({size_text(in_catalog[0].size)})"
         elif usable:
             raise SpecchatError(f"the compatible drafts on disk are not in the catalog: add one with "
                                 f"`specchat add {usable[0].path}` and pair again")

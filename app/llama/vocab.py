@@ -52,10 +52,6 @@ class VocabFile:
         self.metadata: dict[str, Any] = self._model.metadata()
 
     @property
-    def architecture(self) -> str:
-        return self.metadata.get("general.architecture", "?")
-
-    @property
     def quantization(self) -> str:
         """The weights' type as llama.cpp names it (Q4_K_M, Q8_0...), from the file's metadata."""
         ftype = self.metadata.get("general.file_type")

@@ -92,6 +92,11 @@ class Catalog:
         return self.pairs[name]
 
 
+def size_text(n: int | None) -> str:
+    """A model's size as the CLI and the app show it."""
+    return f"{n / 2**20:,.0f} MiB" if n else "size ?"
+
+
 def load_catalog(path: Path | None = None) -> Catalog:
     """The catalog at `path`; by default SPECCHAT_CATALOG, or else the shipped one extended by the user's."""
     if path is not None or os.environ.get("SPECCHAT_CATALOG"):

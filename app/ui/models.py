@@ -20,7 +20,7 @@ from textual.widgets import Button, DirectoryTree, Input, Label, Select, Static
 
 from specchat.errors import SpecchatError
 from specchat.manage import add_model, find_drafts, make_pair
-from specchat.models.catalog import Catalog, load_catalog
+from specchat.models.catalog import Catalog, load_catalog, size_text
 from specchat.models.fetch import on_disk
 from specchat.ui.screens import PathSuggester
 
@@ -89,7 +89,7 @@ class ModelsScreen(ModalScreen[str | None]):
             yield Static("", id="pair-status", classes="error-line")
 
     def _targets(self) -> list[tuple[str, str]]:
-        return [(f"{e.name} ({e.quantization}, {_size(e.size)})", e.name)
+        return [(f"{e.name} ({e.quantization}, {size_text(e.size)})", e.name)
                 for e in self.catalog.models.values() if on_disk(e) is not None]
 
     # --- adding ---------------------------------------------------------------------------
@@ -137,7 +137,7 @@ class ModelsScreen(ModalScreen[str | None]):
             self.app.call_from_thread(self._added, None, str(e))
             return
         self.app.call_from_thread(self._added, added.name, f"added {added.name} ({added.entry.quantization}, "
-                                                          f"{_size(added.entry.size)})")
+                                                          f"{size_text(added.entry.size)})")
 
     def _added(self, name: str | None, message: str) -> None:
         self.query_one("#add", Button).disabled = False
@@ -173,7 +173,7 @@ class ModelsScreen(ModalScreen[str | None]):
 
     def _show_drafts(self, candidates: list) -> None:
         usable = [c for c in candidates if c.compatible and c.name is not None]
-        options = [(f"{c.name} ({_size(c.size)})", c.name) for c in usable]
+        options = [(f"{c.name} ({size_text(c.size)})", c.name) for c in usable]
         options.append(("none: prompt lookup and plain decoding", NO_DRAFT))
         draft = self.query_one("#draft", Select)
         draft.set_options(options)
@@ -200,7 +200,3 @@ class ModelsScreen(ModalScreen[str | None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
-
-
-def _size(n: int | None) -> str:
-    return f"{n / 2**20:,.0f} MiB" if n else "size ?"

@@ -14,7 +14,7 @@ from textual.suggester import Suggester
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
 from specchat.errors import SpecchatError
-from specchat.models.catalog import Catalog, load_catalog
+from specchat.models.catalog import Catalog, load_catalog, size_text
 from specchat.models.fetch import on_disk
 from specchat.spec.guessers import GUESSERS
 from specchat.store.settings import Settings
@@ -133,8 +133,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 parts.append("no draft (lookup)")
                 continue
             m = self.catalog.models[model]
-            size = f"{m.size / 2**20:,.0f} MiB" if m.size else "size ?"
-            parts.append(f"{m.name} ({m.quantization}, {size}, {'on disk' if on_disk(m) else 'not on disk'})")
+            parts.append(f"{m.name} ({m.quantization}, {size_text(m.size)}, {'on disk' if on_disk(m) else 'not on disk'})")
         return f"{name}: {' + '.join(parts)} · {self.compatibility.get(name, 'compatibility checked on load')}"
 
     def _pair_options(self) -> list[tuple[str, str]]:
