@@ -65,6 +65,10 @@ STATUSES = ("complete", "stopped", "partial")  # partial: the app died while gen
 _BUSY_TIMEOUT_S = 10.0  # another instance's write transaction is short; wait rather than fail
 
 
+def _locked(e: sqlite3.DatabaseError) -> bool:
+    return isinstance(e, sqlite3.OperationalError) and "locked" in str(e)
+
+
 def default_db_path() -> Path:
     return Path(platformdirs.user_data_dir("specchat")) / "specchat.db"
 
@@ -94,9 +98,9 @@ class Store:
         # Set when a damaged database was moved aside: the UI tells the user where it went.
         self.notice: str | None = None
         try:
-            self.db = self._open()
+            self.db = self._open_waiting()
         except sqlite3.DatabaseError as e:
-            if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+            if _locked(e):
                 raise SpecchatError(f"{self.path} is locked by another program for over "
                                     f"{_BUSY_TIMEOUT_S:.0f} s; close it and retry") from None
             try:
@@ -107,6 +111,20 @@ class Store:
             self.notice = (f"the conversation database was unreadable ({e}); it was moved to {aside} "
                            "and specchat started a fresh one")
             self.db = self._open()
+
+    def _open_waiting(self) -> sqlite3.Connection:
+        """`_open`, tried again while another instance holds the database. SQLite's busy timeout does
+        not cover every lock met while opening: switching an old database to WAL, or a read that must
+        become a write, fails at once with "database is locked" when another instance is doing the same
+        (two instances started together on a database from an older schema)."""
+        deadline = time.monotonic() + _BUSY_TIMEOUT_S
+        while True:
+            try:
+                return self._open()
+            except sqlite3.OperationalError as e:
+                if not _locked(e) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None)
