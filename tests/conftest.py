@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section("reliability figures (README table)")
         for row in table():
             terminalreporter.write_line(row)
+
+
+def pytest_unconfigure(config) -> None:
+    # Once the tests are over, the process must end: a thread or child process a test left running
+    # would otherwise hold up the exit (and CI) forever. This prints where it is stuck and exits 1.
+    faulthandler.dump_traceback_later(120, exit=True)

@@ -173,7 +173,7 @@ def test_cancel_closes_the_stream_while_the_server_is_silent():
     with serving(FakeServer(pause_after=3)) as server:
         backend = loaded(server.url)
         cancel, events = threading.Event(), []
-        worker = threading.Thread(target=lambda: events.extend(generate(backend, cancel)))
+        worker = threading.Thread(target=lambda: events.extend(generate(backend, cancel)), daemon=True)
         worker.start()
         assert server.paused.wait(10)
         cancel.set()
