@@ -211,18 +211,19 @@ def _end_progress_line() -> None:
 
 def _chat(args: argparse.Namespace) -> int:
     from specchat.documents import read_document
+    from specchat.store.settings import resolve_api_key
     from specchat.ui.app import SpecchatApp
 
     if args.file is not None:
         read_document(args.file)  # a missing or binary file is a one-line error, before the UI starts
-    remote, api_key = None, args.api_key or os.environ.get("SPECCHAT_API_KEY") or None
+    remote, key = None, resolve_api_key(args.api_key)
     if args.server is not None:
         from specchat.remote import RemoteChoice, base_urls, require_client
 
         require_client()  # without the extra: one line saying how to install it, before the UI starts
         base_urls(args.server)  # a malformed URL: one line, before the UI starts
-        remote = RemoteChoice(args.server, api_key, args.model)
-    SpecchatApp(_choice(args), rewrite_file=args.file, remote=remote, api_key=api_key).run()
+        remote = RemoteChoice(args.server, key, args.model)
+    SpecchatApp(_choice(args), rewrite_file=args.file, remote=remote, api_key=key).run()
     return 0
 
 

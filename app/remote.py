@@ -30,12 +30,12 @@ from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.models.fetch import Progress
 from specchat.spec.engine import Done, GenerationConfig, Prefill, Source, Stats, Step, Token
+from specchat.store.settings import API_KEY_ENV
 
 if TYPE_CHECKING:  # the client is an optional extra
     import openai
 
 INSTALL = "pip install 'specchat[remote]'"
-API_KEY_ENV = "SPECCHAT_API_KEY"
 TIMINGS, METRICS, STREAM = "server timings", "vLLM metrics (server-wide)", "stream only"
 # vLLM's speculative-decoding counters (Prometheus sample names; the family drops the _total).
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import socket
 import sys
 from types import FrameType
@@ -22,15 +21,15 @@ from specchat.models.fetch import Progress
 from specchat.server.app import create_app
 from specchat.server.service import ServedModel
 from specchat.server.worker import Worker
+from specchat.store.settings import API_KEY_ENV, resolve_api_key
 
-API_KEY_ENV = "SPECCHAT_API_KEY"
 GRACE_S = 3  # how long open requests get to end once the server is told to stop
 STOP_WAIT_S = 30.0  # a prefill under way cannot be interrupted: how long to wait for it at exit
 
 
 def serve(choice: ModelChoice, host: str, port: int, api_key: str | None, max_waiting: int,
           progress: Progress | None = None) -> None:
-    api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    api_key = resolve_api_key(api_key)
     if not 0 <= port <= 65535:
         raise SpecchatError(f"--port must be between 0 and 65535, got {port}")
     if max_waiting < 0:

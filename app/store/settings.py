@@ -8,6 +8,7 @@ and other keys in the file survive every save.
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -22,6 +23,15 @@ from specchat.spec.guessers import GUESSERS
 from specchat.spec.sampling import SamplingConfig
 from specchat.store.files import atomic_write
 from specchat.store.tomlpos import locate
+
+# The one setting never written to the settings file: a server's API key comes from the command line
+# or from this variable, for `specchat serve` and `specchat --server` alike.
+API_KEY_ENV = "SPECCHAT_API_KEY"
+
+
+def resolve_api_key(given: str | None) -> str | None:
+    """The API key: the one given on the command line, else the environment's, else none."""
+    return given or os.environ.get(API_KEY_ENV) or None
 
 
 @dataclass(frozen=True)
