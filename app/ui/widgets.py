@@ -129,18 +129,27 @@ class StatsPanel(Vertical):
         yield Static("", id="attached")
         yield Static(LEGEND, id="legend")
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._start("", None)
+
     def on_mount(self) -> None:
-        self.reset("", None)
+        # Draw what is there, never reset it: a model that loads at once may have filled the panel
+        # before its Mount event is handled.
+        self._show()
 
     def reset(self, model: str, baseline: Baseline | None, guesser: str = "", figures: str = "") -> None:
         """`figures` names where the numbers come from when that is not this machine's engine (a remote
         server: its timings, its metrics, or the stream alone); "" for the engine, whose steps are its own."""
+        self._start(model, baseline, guesser, figures)
+        self._show()
+
+    def _start(self, model: str, baseline: Baseline | None, guesser: str = "", figures: str = "") -> None:
         self.model, self.baseline, self.guesser, self.figures = model, baseline, guesser, figures
         self.steps: list[Step] = []
         self.totals = Stats()  # kept as steps arrive, so a redraw does not re-add them all
         self.ttft: float | None = None
         self.prefill_s = 0.0
-        self._show()
 
     def attached(self, files: list[tuple[str, int]]) -> None:
         """Files going with the next message: prompt lookup copies from them."""
