@@ -3,34 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from specchat.errors import SpecchatError
-from specchat.loader import ModelChoice
 from specchat.models.catalog import size_text
-from specchat.spec.guessers import GUESSERS
-
-COMMANDS = ("chat", "rewrite", "generate", "bench", "measure", "costs", "models", "pull", "endurance", "add", "remove", "drafts",
-            "pair", "serve")
+from specchat.service.choices import ModelChoice
+from specchat.spec.guessers import GUESSERS, REGISTRY
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser, commands = _parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
-        argv = ["chat", *argv]  # `specchat [--pair NAME ...]` opens the app
-    args = parser.parse_args(argv)
     try:
+        argv = _with_command(argv, commands)
+        args = parser.parse_args(argv)
         return int(args.run(args) or 0)
     except SpecchatError as e:
-        _end_progress_line()
+        _progress.end()
         print(f"specchat: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        _end_progress_line()
+        _progress.end()
         print("specchat: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `specchat models | head`: the reader left, which is not an error
@@ -38,7 +35,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def _parser() -> argparse.ArgumentParser:
+def _with_command(argv: list[str], commands: Sequence[str]) -> list[str]:
+    """`specchat [--pair NAME ...]` opens the app: with no command, or options only, the command is chat.
+    A first word that is no command is a mistake, said so, rather than a chat about it."""
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        return ["chat", *argv]
+    if argv[0] in commands or argv[0] in ("-h", "--help"):
+        return argv
+    close = difflib.get_close_matches(argv[0], commands, n=1)
+    hint = f"did you mean `specchat {close[0]}`?" if close else f"the commands are {', '.join(commands)}"
+    raise SpecchatError(f"unknown command {argv[0]!r}; {hint} (`specchat --help` says what each does)")
+
+
+def _parser() -> tuple[argparse.ArgumentParser, list[str]]:
     p = argparse.ArgumentParser(prog="specchat", description="Local chat with exact speculative decoding.")
     sub = p.add_subparsers(dest="command")
 
@@ -55,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="answer one prompt (the answer on stdout, stats on stderr)")
     g.add_argument("prompt")
-    g.add_argument("--system", default=None, help="a system message")
+    g.add_argument("--system", default=None, help="a system message (default: the settings' system prompt)")
+    g.add_argument("--raw", action="store_true",
+                   help="continue the prompt as raw text, without a chat template (base models, drafts)")
     _model_args(g)
     _sampling_args(g)
     g.set_defaults(run=_generate)
@@ -65,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", type=Path, default=None, help="write the report here")
     b.add_argument("--repeat", type=int, default=3, help="runs per prompt and guesser; medians are reported")
     _model_args(b, multi_guesser=True)
-    _sampling_args(b, max_tokens=120)
+    _sampling_args(b, settings_fill=False)
     b.set_defaults(run=_bench)
 
     m = sub.add_parser("measure", help="acceptance measurements of a pair (the reference's method)")
@@ -114,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     _model_args(e, guesser=False)
     e.set_defaults(run=_endurance)
 
-    pull = sub.add_parser("pull", help="fetch a model or a pair (all of the default pair if no name)")
+    pull = sub.add_parser("pull", help="fetch a model or a pair (no name, or `default`: the default pair)")
     pull.add_argument("name", nargs="?", default=None)
     pull.set_defaults(run=_pull)
 
@@ -127,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--queue", type=int, default=8, help="requests that may wait for the one running (default: 8); "
                                                          "more are answered 503")
     sv.set_defaults(run=_serve)
-    return p
+    return p, list(sub.choices)
 
 
 def _model_args(p: argparse.ArgumentParser, guesser: bool = True, multi_guesser: bool = False) -> None:
@@ -143,8 +154,9 @@ def _model_args(p: argparse.ArgumentParser, guesser: bool = True, multi_guesser:
         p.add_argument("--guesser", nargs="+", choices=[g for g in GUESSERS if g != "none"],
                        default=["auto", "draft", "lookup"])
     elif guesser:
-        p.add_argument("--guesser", choices=GUESSERS, default="auto",
-                       help="; ".join(f"{name}: {what}" for name, what in GUESSERS.items()))
+        p.add_argument("--guesser", choices=GUESSERS, default=None,
+                       help="(default: the settings' guesser, auto) "
+                            + "; ".join(f"{name}: {entry.help}" for name, entry in REGISTRY.items()))
     if guesser:
         p.add_argument("--draft-length", "--k", type=int, default=None, dest="draft_length",
                        help="the most tokens a guesser proposes per step "
@@ -159,16 +171,30 @@ def _remote_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="NAME", help="the server's model (default: the first it lists)")
 
 
-def _sampling_args(p: argparse.ArgumentParser, max_tokens: int = 512) -> None:
-    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--max-tokens", type=int, default=max_tokens)
+def _sampling_args(p: argparse.ArgumentParser, settings_fill: bool = True) -> None:
+    """Sampling options; None where not given, so that the settings (or, for the measuring commands,
+    the defaults) fill them."""
+    where = "the settings'" if settings_fill else "the"
+    p.add_argument("--temp", type=float, default=None, help=f"temperature; 0 is greedy (default: {where} value, 0)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--max-tokens", type=int, default=None, help=f"(default: {where} value"
+                   + (", 512)" if settings_fill else ", 120)"))
     p.add_argument("--seed", type=int, default=None)
 
 
-def _choice(args: argparse.Namespace) -> ModelChoice:
+def _settings():  # type: ignore[no-untyped-def]
+    from specchat.store.settings import load_settings
+
+    settings, problems = load_settings()
+    for problem in problems:
+        print(f"specchat: warning: {problem}", file=sys.stderr)
+    return settings
+
+
+def _given(args: argparse.Namespace) -> ModelChoice:
+    """The models as the command line names them, nothing filled in."""
     if args.ctx is not None and args.ctx < 64:
         raise SpecchatError(f"--ctx must be at least 64, got {args.ctx}")
     if args.threads is not None and args.threads < 1:
@@ -177,40 +203,59 @@ def _choice(args: argparse.Namespace) -> ModelChoice:
                        args.draft_gpu_layers)
 
 
-def _generation_config(args: argparse.Namespace):
-    from specchat.spec.engine import GenerationConfig
-    from specchat.spec.sampling import SamplingConfig
+def _choice(args: argparse.Namespace) -> ModelChoice:
+    """The models the command line names, with what it leaves open taken from the settings."""
+    from specchat.service.choices import model_choice
 
-    if args.max_tokens < 1:
+    return model_choice(_given(args), _settings())
+
+
+def _generation_config(args: argparse.Namespace, settings: Any = None):  # type: ignore[no-untyped-def]
+    """What to sample, and how much: the options given, then the settings (the measuring commands pass
+    none: their defaults are fixed, greedy and 120 tokens, so that their figures compare)."""
+    from specchat.service.choices import generation
+    from specchat.store.settings import Settings
+
+    if args.max_tokens is not None and args.max_tokens < 1:
         raise SpecchatError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.draft_length is not None and args.draft_length < 0:
         raise SpecchatError(f"--draft-length must be >= 0, got {args.draft_length}")
-    sampling = SamplingConfig(args.temp, args.top_k, args.top_p, args.min_p, args.seed)
-    return GenerationConfig(sampling, args.max_tokens, args.draft_length)
+    return generation(settings or Settings(max_tokens=120), args.temp, args.top_k, args.top_p, args.min_p,
+                      args.seed, args.max_tokens, args.draft_length)
 
 
-_progress_open = False  # a progress line is on stderr, still without its newline
-_progress_width = 0  # its length: a shorter update pads over what is left of a longer one
+class _ProgressLine:
+    """The command line's progress: one line on stderr that tqdm rewrites in place (with a bar when the
+    total is known), closed when its step is done; `what` says the rest (counts, sizes, rate)."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        form = "{desc}: {percentage:3.0f}% |{bar:16}|" if total > 1 else "{desc}"
+        if self._bar is None:
+            self._bar = tqdm(desc=what, total=total, initial=done, bar_format=form, file=sys.stderr,
+                             dynamic_ncols=True, leave=True)
+        else:
+            self._bar.bar_format, self._bar.total, self._bar.n = form, total, done
+            self._bar.set_description_str(what)  # and redraw
+        if done >= total:
+            self.end()
+
+    def end(self) -> None:
+        """Finish the line (done, or interrupted), so that what follows starts a line of its own."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
 
-def _progress(what: str, done: int, total: int) -> None:
-    """One line on stderr, rewritten in place with "\r"; `what` says it all (counts, sizes, rate)."""
-    global _progress_open, _progress_width
-    print(f"\r{what:<{_progress_width}}", end="\n" if done >= total else "", file=sys.stderr, flush=True)
-    _progress_open = done < total
-    _progress_width = len(what) if _progress_open else 0
-
-
-def _end_progress_line() -> None:
-    """Finish an interrupted progress line, so that the message after it starts a line of its own."""
-    global _progress_open
-    if _progress_open:
-        print(file=sys.stderr)
-        _progress_open = False
+_progress = _ProgressLine()
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from specchat.documents import read_document
+    from specchat.service.documents import read_document
     from specchat.store.settings import resolve_api_key
     from specchat.ui.app import SpecchatApp
 
@@ -218,28 +263,37 @@ def _chat(args: argparse.Namespace) -> int:
         read_document(args.file)  # a missing or binary file is a one-line error, before the UI starts
     remote, key = None, resolve_api_key(args.api_key)
     if args.server is not None:
-        from specchat.remote import RemoteChoice, base_urls, require_client
+        from specchat.service.choices import RemoteChoice
+        from specchat.service.remote import base_urls, require_client
 
         require_client()  # without the extra: one line saying how to install it, before the UI starts
         base_urls(args.server)  # a malformed URL: one line, before the UI starts
         remote = RemoteChoice(args.server, key, args.model)
-    SpecchatApp(_choice(args), rewrite_file=args.file, remote=remote, api_key=key).run()
+    # The app fills the choice from its settings itself: they can change while it runs.
+    SpecchatApp(_given(args), rewrite_file=args.file, remote=remote, api_key=key).run()
     return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from specchat.llama.template import ChatPrompter, Message
-    from specchat.loader import load_pair
-    from specchat.spec.engine import Done, Engine, Step
+    from specchat.llama.template import Message
+    from specchat.service.chat import ChatService
+    from specchat.service.loader import load_pair
+    from specchat.spec.engine import Done, Step
 
-    config = _generation_config(args)
-    pair = load_pair(_choice(args), progress=_progress)
-    target, name = pair.target, args.guesser
-    engine = Engine(target, pair.guesser(name))  # the draft guesser without its draft: an error saying why
-    for warning in pair.warnings:
+    settings = _settings()
+    config = _generation_config(args, settings)
+    guesser = args.guesser or settings.guesser
+    service = ChatService(load_pair(_choice(args), progress=_progress))
+    service.require(guesser)  # the draft guesser without its draft: one line saying why, nothing before it
+    for warning in service.pair.warnings:
         print(f"specchat: warning: {warning}", file=sys.stderr)
-    messages = ([Message("system", args.system)] if args.system else []) + [Message("user", args.prompt)]
-    for event in engine.generate(ChatPrompter(target).tokens(messages), config):
+    if args.raw:
+        events = service.complete(args.prompt, config, guesser)
+    else:
+        system = settings.system_prompt if args.system is None else args.system
+        messages = ([Message("system", system)] if system else []) + [Message("user", args.prompt)]
+        events = service.chat(messages, config, guesser)
+    for event in events:
         if isinstance(event, Step) and event.text:
             sys.stdout.write(event.text)
             sys.stdout.flush()
@@ -247,7 +301,7 @@ def _generate(args: argparse.Namespace) -> int:
             if event.text and not event.text.endswith("\n"):
                 sys.stdout.write("\n")
             s = event.stats
-            print(f"[{name}] {s.n_tokens} tokens in {s.decode_s:.2f}s: {s.tokens_per_s:.1f} tok/s "
+            print(f"[{guesser}] {s.n_tokens} tokens in {s.decode_s:.2f}s: {s.tokens_per_s:.1f} tok/s "
                   f"({s.wall_tokens_per_s:.1f} as shown), "
                   f"{s.tokens_per_step:.2f} tokens/step, acceptance {s.acceptance:.2f} "
                   f"({s.accepted}/{s.drafted}), prompt {s.n_prompt} tokens in {s.prefill_s:.2f}s, "
@@ -305,7 +359,7 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _add(args: argparse.Namespace) -> int:
-    from specchat.manage import add_model
+    from specchat.models.manage import add_model
 
     added = add_model(args.source, args.name, fetch=not args.no_fetch, progress=_progress)
     e = added.entry
@@ -316,7 +370,7 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
-    from specchat.manage import remove_model
+    from specchat.models.manage import remove_model
 
     pairs, path = remove_model(args.name)
     print(f"removed {args.name}" + (f" and its pairs {', '.join(pairs)}" if pairs else "") + " from your catalog")
@@ -334,7 +388,7 @@ def _remove(args: argparse.Namespace) -> int:
 
 
 def _drafts(args: argparse.Namespace) -> int:
-    from specchat.manage import find_drafts, target_path
+    from specchat.models.manage import find_drafts, target_path
 
     target = target_path(args.target)
     candidates = find_drafts(target)
@@ -348,7 +402,7 @@ def _drafts(args: argparse.Namespace) -> int:
 
 
 def _pair(args: argparse.Namespace) -> int:
-    from specchat.manage import make_pair
+    from specchat.models.manage import make_pair
 
     _, how = make_pair(args.name, args.target, args.draft, args.default)
     print(f"pair {args.name}: {args.target}; {how}" + (" (now the default)" if args.default else ""))
@@ -372,11 +426,15 @@ def _pull(args: argparse.Namespace) -> int:
     from specchat.models.fetch import resolve
 
     catalog = load_catalog()
-    if args.name is None or args.name in catalog.pairs:
-        pair = catalog.pair(args.name)
+    name = None if args.name == "default" and "default" not in catalog.models else args.name
+    if name is None or name in catalog.pairs:
+        pair = catalog.pair(name)
         names = [pair.target] + ([pair.draft] if pair.draft is not None else [])
+    elif name in catalog.models:
+        names = [name]
     else:
-        names = [catalog.model(args.name).name]
+        raise SpecchatError(f"no model or pair is named {name!r}; pairs: {', '.join(sorted(catalog.pairs))}; "
+                            "`specchat models` lists the models (no name pulls the default pair)")
     for name in dict.fromkeys(names):
         print(resolve(catalog.model(name), progress=_progress))
     return 0

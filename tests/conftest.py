@@ -13,6 +13,19 @@ from specchat.models.catalog import load_catalog
 from specchat.models.fetch import resolve
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _a_user_of_its_own(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The tests never read or write the user's own settings, conversations or logs: they get a new
+    user's config, data and state dirs. The cache dir stays, for the models and cost curves that the
+    tests fetch and measure once and then only read."""
+    home = tmp_path_factory.mktemp("user")
+    patch = pytest.MonkeyPatch()
+    for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+        patch.setenv(var, str(home / var.lower()))
+    yield
+    patch.undo()
+
+
 def model_path(name: str) -> Path:
     return resolve(load_catalog().model(name))
 

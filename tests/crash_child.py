@@ -4,7 +4,7 @@
     python tests/crash_child.py rewrite DOC DB CONFIG      rewrite a document in the app and save it
     python tests/crash_child.py save OUT TEXTFILE...       save each text over OUT, in a loop
 
-The app runs headless under Textual's Pilot, on the real EngineBackend and the real Store.
+The app runs headless under Textual's Pilot, on the real LocalBackend and the real Store.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from specchat.documents import save
-from specchat.loader import ModelChoice
+from specchat.service.choices import ModelChoice
+from specchat.service.documents import save
 from specchat.store.conversations import Store
 
 PAIR = ModelChoice(pair="smollm2-self", n_ctx=1024)

@@ -6,23 +6,26 @@ import threading
 import time
 from typing import Iterator, Sequence
 
-from specchat.backend import BackendEvent, Baseline, Notice
 from specchat.llama.template import Message
+from specchat.service.backend import BackendEvent, Baseline
+from specchat.service.chat import Notice
 from specchat.spec.engine import Done, GenerationConfig, Prefill, Source, Stats, Step, Token
+from specchat.spec.guessers import GUESSERS
 
 PAUSE_S = 10.0  # the longest a paused generation waits for a cancel or a resume
 
 
 class FakeBackend:
     name = "fake-target + fake-draft"
-    has_draft = True
+    server = None
     n_ctx = 4096
-    warnings: list[str] = []
 
     def __init__(self, answer: str = "Hello **world**, this is a scripted answer.",
                  pause_after: int | None = None, notice: str | None = None,
                  load_gate: threading.Event | None = None) -> None:
         self.answer = answer
+        self.warnings: list[str] = []
+        self.guessers = list(GUESSERS)
         self.notice = notice  # yielded before the answer, as the real backend does when it drops turns
         self.pause_after = pause_after  # steps after which each generation waits for a cancel or a resume
         self.calls: list[tuple[list[Message], str]] = []
@@ -31,7 +34,7 @@ class FakeBackend:
         self._resume = threading.Semaphore(0)
         self.closed = False
         self.last_done: Done | None = None
-        # As in EngineBackend: a lock held for the whole of a generation, which close() waits for.
+        # As in LocalBackend: a lock held for the whole of a generation, which close() waits for.
         self.lock = threading.Lock()
         self.running = 0  # generations begun and not yet done (counted before they take the lock)
         self.max_running = 0
@@ -52,13 +55,13 @@ class FakeBackend:
 
     def load(self, progress) -> None:
         if self.load_gate is not None:
-            progress("loading fake models", 0, 1)  # as EngineBackend does while it loads
+            progress("loading fake models", 0, 1)  # as LocalBackend does while it loads
             self.loading.set()
             self.load_gate.wait(PAUSE_S)
         progress("loading fake models", 1, 1)
 
     def close(self) -> None:
-        with self.lock:  # as EngineBackend: only once any running generation has ended
+        with self.lock:  # as LocalBackend: only once any running generation has ended
             self.closed = True
             self._note("close")
 

@@ -27,9 +27,9 @@ from test_ui import until
 
 from specchat.cli import main
 from specchat.errors import SpecchatError
-from specchat.loader import ModelChoice
 from specchat.models import fetch
 from specchat.models.catalog import ModelEntry, PypiSource
+from specchat.service.choices import ModelChoice
 from specchat.store.conversations import Store
 from specchat.ui.app import SpecchatApp
 from specchat.ui.screens import ErrorScreen
@@ -95,7 +95,7 @@ def test_command_line_names_the_bad_file(bad_file, capfd):
 async def test_app_shows_an_error_screen_naming_the_bad_file(bad_file, tmp_path):
     path, needles = bad_file
     app = SpecchatApp(ModelChoice(target=path), store=Store(tmp_path / "chat.db"),
-                      settings_path=tmp_path / "config.toml")  # the real EngineBackend
+                      settings_path=tmp_path / "config.toml")  # the real LocalBackend
     async with app.run_test() as pilot:
         await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "the error screen")
         _assert_one_line(app.screen.message, path, needles)
@@ -118,7 +118,7 @@ async def test_app_answers_with_lookup_when_the_draft_fails_and_says_why(bad_fil
         assert len(warnings) == 1 and warnings[0].startswith("no draft model: ")
         _assert_one_line(warnings[0].removeprefix("no draft model: "), path, needles)
         assert "lookup and plain decoding only" in str(app.chat.query_one("#status").render())
-        assert app.settings.guesser == "auto" and not app.backend.has_draft
+        assert app.settings.guesser == "auto" and "draft" not in app.backend.guessers
         app.query_one("#input").text = "Say hi."
         await pilot.press("enter")
         await until(pilot, lambda: len(app.store.messages(app.conversation_id)) == 2 and not app.generating
@@ -208,7 +208,7 @@ def test_pull_on_a_full_disk(full_disk, tmp_path, sizes, last_progress):
     *progress, last = result.stderr.strip().splitlines()
     progress = [line for line in progress if line]  # "\r" separates the updates of one line
     assert all(line.startswith(("downloading fake: ", "assembling fake: ")) for line in progress), progress
-    assert progress[-1] == last_progress  # where the disk filled up
+    assert progress[-1].startswith(last_progress + ":")  # where the disk filled up (then its bar)
     assert last.startswith(f"specchat: error: disk full while downloading fake into {full_disk}: "), last
     assert unlocked(full_disk) == []
     tally("disk full while downloading", faults=1, lost=0)

@@ -15,11 +15,12 @@ from textual.widgets import Input, ListView, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownFence
 
 from specchat.llama.template import Message
-from specchat.loader import ModelChoice
+from specchat.service.choices import ModelChoice
 from specchat.store.conversations import Store
 from specchat.store.settings import load_settings
 from specchat.ui.app import SpecchatApp
-from specchat.ui.chat import ChatInput, ChatScreen, ConversationItem, ConversationSearch
+from specchat.ui.chat import ChatInput, ChatScreen
+from specchat.ui.conversations import ConversationItem, ConversationSearch
 from specchat.ui.screens import PromptScreen
 from specchat.ui.widgets import SPARK, MessageView, StatsPanel
 
@@ -477,3 +478,82 @@ async def test_fast_typing_keeps_newlines_and_enter_in_order(tmp_path):
             app.post_message(events.Key(key, key if len(key) == 1 else None))
         await until(pilot, lambda: answered(app), "the answer")
         assert app.store.messages(app.conversation_id)[0].content == "Rewrite this:\n\nsome text"
+
+
+# --- the command palette ------------------------------------------------------------------------------
+
+
+async def run_from_palette(pilot, app: SpecchatApp, query: str, title: str) -> None:
+    """Ctrl+P, type, wait until the command is the one highlighted, Enter: as a user does it."""
+    from textual.command import CommandList, CommandPalette
+
+    await pilot.press("ctrl+p")
+    await until(pilot, lambda: isinstance(app.screen, CommandPalette), "the command palette")
+    await pilot.press(*query)
+
+    def highlighted() -> bool:
+        found = app.screen.query(CommandList)
+        if not found or found.first().highlighted is None:
+            return False
+        commands = found.first()
+        return str(commands.get_option_at_index(commands.highlighted).prompt).startswith(title)
+
+    await until(pilot, highlighted, f"{title!r} highlighted in the palette")
+    await pilot.press("enter")
+
+
+async def test_the_palettes_settings_and_help_open_their_screens(tmp_path):
+    from specchat.ui.screens import HelpScreen, SettingsScreen
+
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        for query, title, screen in (("settings", "Settings", SettingsScreen), ("help", "Help", HelpScreen)):
+            await run_from_palette(pilot, app, query, title)
+            await until(pilot, lambda: isinstance(app.screen, screen), f"the {title} screen")
+            await pilot.press("escape")
+            await until(pilot, lambda: app.screen is app.chat, "the chat screen again")
+
+
+async def test_every_palette_command_runs_or_says_why_it_cannot(tmp_path, monkeypatch):
+    """Each command of the keys' actions, run from the palette, reaches its action, or, where the key
+    is disabled now, runs nothing and says why: idle, and while an answer streams."""
+    backend = FakeBackend(STORY, pause_after=1)
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        ran: list[str] = []
+        owners = {b.action: app.chat for b in ChatScreen.BINDINGS} | {b.action: app for b in SpecchatApp.BINDINGS}
+        ours = [c for c in app.get_system_commands(app.screen) if c.help.endswith(")")]  # "Title (key)"
+        assert {c.title for c in ours} == {b.description for b in [*ChatScreen.BINDINGS, *SpecchatApp.BINDINGS]
+                                           if b.action != "quit"}
+
+        async def run_all(refusals: int) -> dict[str, str]:
+            """Every command once; the actions it reached, and the reasons given for the others (once the
+            expected number of refusals has been shown: a notification arrives as a message)."""
+            ran.clear()
+            app._notifications.clear()
+            for command in ours:
+                await command.callback()
+
+            def said() -> list[str]:
+                return [n.message for n in app._notifications if n.message.startswith("Cannot ")]
+
+            await until(pilot, lambda: len(said()) >= refusals, f"{refusals} refusals")
+            await pilot.pause()  # and no more than that
+            return {action: reason for action, reason in ((m.split(" now: ")[0].removeprefix("Cannot ")
+                                                           .replace(" ", "_"), m.split(" now: ")[1]) for m in said())}
+
+        await send(pilot, app, "Tell me a story")  # an answer to regenerate, copy and export
+        await streaming(pilot, app, backend)
+        # Recorded instead of run: what each action does is tested on its own elsewhere.
+        for action, owner in owners.items():
+            monkeypatch.setattr(owner, f"action_{action}", lambda action=action: ran.append(action))
+        refused = await run_all(len(ChatScreen.NOT_WHILE_BUSY))
+        assert refused == {a: "an answer is streaming: Esc stops it" for a in ChatScreen.NOT_WHILE_BUSY}
+        assert sorted(ran) == sorted(set(owners) - ChatScreen.NOT_WHILE_BUSY - {"quit"})
+        backend.resume()
+        await until(pilot, lambda: answered(app), "the answer to finish")
+        refused = await run_all(1)
+        assert refused == {"stop": "nothing is being generated"}
+        assert sorted(ran) == sorted(set(owners) - {"stop", "quit"})

@@ -130,7 +130,8 @@ def test_costs_prints_the_measured_curve(smol_path, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert any(line.strip().startswith("n= 5") for line in lines)
-    assert "per token" in lines[-1]
+    assert any(line.startswith("draft ") and "per token" in line for line in lines)
+    assert lines[-1] == "rollback (trim): a rejected guess is cut from the cache, at no cost"
     cache = tmp_path / "specchat" / "costs.json"
     measured = cache.read_text()
     again = specchat("costs", "--target", str(smol_path), "--draft", str(smol_path), env={"XDG_CACHE_HOME": str(tmp_path)})
@@ -168,3 +169,24 @@ def test_bench_prints_plain_auto_the_oracle_bound_and_the_modelled_auto(smol_pat
     assert rows["plain"]["speedup_vs_plain"] == 1.0 and rows["auto"]["tokens_per_s"] > 0
     assert rows["oracle"]["speedup_vs_plain"] >= 1.0 and 0 < rows["modelled"]["share_of_oracle"]
     assert "auto modelled" in result.stdout and "oracle bound" in result.stdout
+
+
+def test_a_mistyped_command_is_one_line_that_names_the_right_one():
+    assert_clean_error(specchat("genrate", "hello"), "unknown command 'genrate'", "did you mean `specchat generate`?")
+    assert_clean_error(specchat("hello there"), "unknown command 'hello there'", "the commands are chat, rewrite,")
+
+
+def test_pull_default_fetches_the_default_pair_and_an_unknown_name_lists_the_pairs(tmp_path):
+    """`default` is what `specchat pull --help` calls the pair pulled without a name."""
+    target, draft = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    for path in (target, draft):
+        path.write_bytes(b"GGUF")
+    catalog = tmp_path / "models.toml"
+    catalog.write_text(f'default_pair = "duo"\n[models.t]\nfile = "t.gguf"\npath = "{target}"\n'
+                       f'[models.d]\nfile = "d.gguf"\npath = "{draft}"\n[pairs.duo]\ntarget = "t"\ndraft = "d"\n')
+    env = {"SPECCHAT_CATALOG": str(catalog)}
+    for args in (("pull",), ("pull", "default")):
+        result = specchat(*args, env=env)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == [str(target), str(draft)]
+    assert_clean_error(specchat("pull", "nothing", env=env), "no model or pair is named 'nothing'", "pairs: duo")

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from reliability import tally
 
-from specchat.documents import save
 from specchat.models.catalog import load_catalog
 from specchat.models.fetch import models_dir, on_disk
+from specchat.service.documents import save
 from specchat.store.conversations import Store
 
 pytestmark = pytest.mark.real

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from reliability import tally
 
-from specchat.loader import ModelChoice
+from specchat.service.choices import ModelChoice
 from specchat.tools.endurance import run
 
 pytestmark = pytest.mark.real

@@ -186,16 +186,16 @@ def test_prompt_longer_than_context_is_a_clear_error(smol_path):
 
 
 def _backend(smol_path, n_ctx: int):
-    from specchat.backend import EngineBackend
-    from specchat.loader import ModelChoice
+    from specchat.service.backend import LocalBackend
+    from specchat.service.choices import ModelChoice
 
-    backend = EngineBackend(ModelChoice(target=smol_path, draft=smol_path, n_ctx=n_ctx))
+    backend = LocalBackend(ModelChoice(target=smol_path, draft=smol_path, n_ctx=n_ctx))
     backend.load(lambda what, done, total: None)
     return backend
 
 
 def test_overflowing_conversation_drops_the_oldest_turns_and_says_so(smol_path, tmp_path, monkeypatch):
-    from specchat.backend import Notice
+    from specchat.service.chat import Notice
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     backend = _backend(smol_path, n_ctx=512)
@@ -213,7 +213,7 @@ def test_overflowing_conversation_drops_the_oldest_turns_and_says_so(smol_path, 
     dropped = int(re.search(r"oldest (\d+) message", notices[0].text)[1])
     kept = history[:1] + history[1 + dropped:]
     assert 0 < dropped < len(history) - 2
-    assert len(ChatPrompter(backend.target).tokens(kept)) == done.stats.n_prompt <= 512 - 32
+    assert len(ChatPrompter(backend.service.target).tokens(kept)) == done.stats.n_prompt <= 512 - 32
 
 
 def test_one_message_longer_than_the_context_is_a_clear_error(smol_path, tmp_path, monkeypatch):
@@ -242,3 +242,20 @@ def test_pieces_longer_than_the_buffer_come_back_whole(smol):
         assert len(expected) > 2 and smol.piece(longest, special=True) == expected
     finally:
         smol._piece_buf = buffer
+
+
+def test_a_closed_backend_answers_nothing_and_says_so(smol_path, tmp_path, monkeypatch):
+    from specchat.service.backend import LocalBackend
+    from specchat.service.choices import ModelChoice
+
+    with pytest.raises(SpecchatError, match="the models are not loaded yet"):
+        list(LocalBackend(ModelChoice()).chat([Message("user", "hi")], GenerationConfig(), "none", threading.Event()))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    backend = _backend(smol_path, n_ctx=256)
+    assert backend.count_tokens("hello there") > 0
+    backend.close()
+    with pytest.raises(SpecchatError, match="the models are closed"):
+        list(backend.chat([Message("user", "hi")], GenerationConfig(max_tokens=4), "none", threading.Event()))
+    with pytest.raises(SpecchatError, match="the models are closed"):
+        backend.count_tokens("hello")
+    backend.close()  # twice is harmless

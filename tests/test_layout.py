@@ -6,6 +6,7 @@ import ast
 import os
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
@@ -17,30 +18,35 @@ from specchat.models.fetch import models_dir
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "app"  # installs as `specchat`
 
-# What each layer may import from specchat, besides its own modules and specchat.errors. The UI is
-# on top; the app services (backend, loader, documents) sit on models, store and spec; spec drives
-# llama.cpp through llama. tools (measuring) may use anything; cli is the entry point.
+# A layer is a folder of app/: what each may import from specchat, besides its own modules and
+# specchat.errors. The UI is on top, beside the server; both adapt the conversation service, which
+# sits on models, store and spec; spec drives llama.cpp through llama. tools (measuring) may use
+# anything; cli is the entry point. Every folder must be named here (a new one cannot slip past).
 ALLOWED = {
     "llama": set(),
     "spec": {"llama"},
     "store": {"spec"},  # settings validate sampling values and guesser names
-    "models": {"store"},
-    "services": {"llama", "spec", "models", "store"},
-    "ui": {"llama", "spec", "models", "store", "services"},
-    "server": {"llama", "spec", "models", "store", "services"},  # specchat serve: beside the UI, never using it
+    "models": {"store", "llama"},  # model management reads tokenizers without weights
+    "service": {"llama", "spec", "models", "store"},
+    "ui": {"llama", "spec", "models", "store", "service"},
+    "server": {"llama", "spec", "models", "store", "service"},  # specchat serve: beside the UI, never using it
+    "tools": {"llama", "spec", "models", "store", "service", "ui", "server"},
 }
-SERVICES = {"backend", "loader", "documents", "remote", "manage"}
-NO_TEXTUAL = {"llama", "spec", "models", "store", "services", "server"}
+NO_TEXTUAL = {"llama", "spec", "models", "store", "service", "server"}
+TOP_LEVEL = {"__init__", "__main__", "cli", "errors"}  # the only modules outside a layer
+
+
+def layers() -> set[str]:
+    """The layers, read from the folders: every package under app/."""
+    return {init.parent.name for init in PACKAGE.glob("*/__init__.py")}
 
 
 def layer_of(module: str) -> str | None:
-    """'specchat.spec.engine' -> 'spec'; top-level service modules -> 'services'."""
+    """'specchat.spec.engine' -> 'spec'; None for what is not a layer (cli, errors, other packages)."""
     parts = module.split(".")
-    if parts[0] != "specchat" or len(parts) < 2:
+    if parts[0] != "specchat" or len(parts) < 2 or parts[1] not in ALLOWED:
         return None
-    if parts[1] in ALLOWED or parts[1] in ("tools", "cli", "errors"):
-        return parts[1]
-    return "services" if parts[1] in SERVICES else parts[1]
+    return parts[1]
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -73,9 +79,9 @@ def violations(files: list[Path]) -> list[str]:
             if layer in NO_TEXTUAL and name.split(".")[0] in ("textual", "rich"):
                 found.append(f"{where}, but nothing below the UI may use Textual")
             other = layer_of(name)
-            if other in (None, "errors", layer) or other not in ALLOWED and other != "tools" and other != "cli":
-                continue
-            if other not in ALLOWED[layer]:
+            if other is None and name.startswith("specchat.") and name.split(".")[1] == "cli":
+                found.append(f"{where}, but only the entry point may use the command line")
+            elif other not in (None, layer) and other not in ALLOWED[layer]:
                 found.append(f"{where}, but {layer} may only use {sorted(ALLOWED[layer]) or 'nothing else'}")
     return found
 
@@ -86,19 +92,50 @@ def test_layers_import_one_way():
     assert violations(files) == []
 
 
+def layout_problems() -> list[str]:
+    """The folders are the layers: a module at the top of app/ would be a layer no folder shows, and a
+    folder missing from ALLOWED one whose imports nothing checks."""
+    found = [f"app/{name}/ is a layer that ALLOWED does not name" for name in sorted(layers() - set(ALLOWED))]
+    found += [f"app/{name}.py is outside every layer: move it into its layer's folder"
+              for name in sorted({p.stem for p in PACKAGE.glob("*.py")} - TOP_LEVEL)]
+    packaged = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found += [f"pyproject.toml does not package specchat.{name}" for name in sorted(layers())
+              if f"specchat.{name}" not in packaged]
+    return found
+
+
+def test_every_module_lives_in_a_layer_folder():
+    assert layers() == set(ALLOWED)
+    assert layout_problems() == []
+
+
 def test_the_layer_check_fails_on_a_forbidden_import(tmp_path, monkeypatch):
     """The check above could pass by finding nothing: show it catches each kind of violation."""
     fake = tmp_path / "app"
-    (fake / "spec").mkdir(parents=True)
-    (fake / "store").mkdir()
+    for layer in ("spec", "store", "service", "extras"):
+        (fake / layer).mkdir(parents=True)
+        (fake / layer / "__init__.py").write_text("")
     (fake / "spec" / "engine.py").write_text("from specchat.ui.app import SpecchatApp\n")
     (fake / "store" / "files.py").write_text("def f():\n    import textual.app\n")
+    (fake / "service" / "chat.py").write_text("from specchat.ui import widgets\nfrom specchat import cli\n")
+    (fake / "backend.py").write_text("")  # a layer the folders do not show
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools]\npackages = ["specchat", "specchat.spec"]\n')
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     found = violations(sorted(fake.rglob("*.py")))
-    assert len(found) == 2
-    assert "app/spec/engine.py:1 imports specchat.ui.app, but spec may only use ['llama']" in found[0]
-    assert "app/store/files.py:2 imports textual.app, but nothing below the UI may use Textual" in found[1]
+    assert found == [
+        "app/service/chat.py:1 imports specchat.ui, but service may only use ['llama', 'models', 'spec', 'store']",
+        "app/service/chat.py:2 imports specchat.cli, but only the entry point may use the command line",
+        "app/spec/engine.py:1 imports specchat.ui.app, but spec may only use ['llama']",
+        "app/store/files.py:2 imports textual.app, but nothing below the UI may use Textual",
+    ]
+    assert layout_problems() == [
+        "app/extras/ is a layer that ALLOWED does not name",
+        "app/backend.py is outside every layer: move it into its layer's folder",
+        "pyproject.toml does not package specchat.extras",
+        "pyproject.toml does not package specchat.service",
+        "pyproject.toml does not package specchat.store",
+    ]
 
 
 def test_reading_settings_and_the_catalog_loads_neither_llama_cpp_nor_textual(tmp_path):
@@ -157,3 +194,45 @@ def test_the_wheel_works_outside_the_checkout(tmp_path, qwen_paths):
     answer = specchat("generate", "Say hello.", "--max-tokens", "8")
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.strip() and answer.stderr.startswith("[auto] ")
+
+
+def _stack_modules(frame) -> list[str]:
+    """The specchat modules on the stack, innermost last, each run of frames of one module as one."""
+    found: list[str] = []
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith("specchat.") and (not found or found[-1] != name):
+            found.append(name)
+        frame = frame.f_back
+    return found[::-1]
+
+
+@pytest.mark.real
+def test_the_walk_from_pair_to_the_engine_enters_each_module_once(smol_path, capsys):
+    """A real `specchat generate --pair`, traced: at every call into specchat, no module is on the stack
+    twice. A layer that calls back into the one above it (a loader entered again from below, a service
+    that the engine calls) would show here."""
+    from specchat import cli
+
+    seen: set[str] = set()
+    twice: list[list[str]] = []
+
+    def profile(frame, event, arg) -> None:
+        if event != "call" or not frame.f_globals.get("__name__", "").startswith("specchat."):
+            return
+        stack = _stack_modules(frame)
+        seen.update(stack)
+        if len(set(stack)) < len(stack) and len(twice) < 5:
+            twice.append(stack)
+
+    sys.setprofile(profile)
+    try:
+        code = cli.main(["generate", "Say hello.", "--pair", "smollm2-self", "--max-tokens", "6", "--guesser", "auto"])
+    finally:
+        sys.setprofile(None)
+    assert code == 0, capsys.readouterr().err
+    assert twice == [], "a module entered twice on one call stack:\n" + "\n".join(" -> ".join(s) for s in twice)
+    walk = {"specchat.cli", "specchat.service.choices", "specchat.service.loader", "specchat.models.catalog",
+            "specchat.models.fetch", "specchat.llama.model", "specchat.llama.vocab", "specchat.service.chat",
+            "specchat.llama.template", "specchat.spec.guessers", "specchat.spec.engine"}
+    assert walk <= seen, f"the trace missed {sorted(walk - seen)}"

@@ -64,7 +64,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from specchat.loader import ModelChoice
+from specchat.service.choices import ModelChoice
 from specchat.store.conversations import Store
 from specchat.ui.app import SpecchatApp
 from specchat.ui.screens import ErrorScreen

@@ -12,19 +12,20 @@ from pathlib import Path
 import pytest
 from fake_openai import ACCEPTED, DRAFTED, FakeServer, free_port, serving
 from fakes import FakeBackend
-from test_ui import answered, make_app, send, until
+from test_ui import answered, send, until
 
 from specchat import cli
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
-from specchat.remote import (
+from specchat.service.backend import Chunk, open_backend
+from specchat.service.choices import RemoteChoice
+from specchat.service.remote import (
     ACCEPTED_TOKENS,
     DRAFT_TOKENS,
     METRICS,
     STREAM,
     TIMINGS,
     RemoteBackend,
-    RemoteChoice,
     base_urls,
     spec_counters,
     stats_from_timings,
@@ -32,6 +33,7 @@ from specchat.remote import (
 from specchat.spec.engine import Done, GenerationConfig, Prefill, Step
 from specchat.store.conversations import MIGRATIONS, Store
 from specchat.store.settings import load_settings
+from specchat.ui.app import SpecchatApp
 from specchat.ui.screens import ErrorScreen
 from specchat.ui.widgets import MessageView, StatsPanel
 
@@ -116,11 +118,12 @@ def test_llama_server_timings_become_the_answers_stats():
         assert backend.n_ctx == 8192  # llama-server's meta.n_ctx_train
         events = generate(backend)
     assert isinstance(events[0], Prefill)
-    steps = [e for e in events if isinstance(e, Step)]
-    assert "".join(s.text for s in steps) == ANSWER and len(steps) == N_WORDS
+    chunks = [e for e in events if isinstance(e, Chunk)]
+    assert "".join(c.text for c in chunks) == ANSWER and len(chunks) == N_WORDS
+    assert not any(isinstance(e, Step) for e in events)  # a server's steps are its own to count
     done = events[-1]
     assert isinstance(done, Done) and done.reason == "eog" and done.text == ANSWER
-    assert backend.figures == TIMINGS
+    assert done.figures == TIMINGS
     s = done.stats
     assert (s.drafted, s.accepted, s.n_tokens, s.steps) == (DRAFTED, ACCEPTED, N_WORDS, N_WORDS - ACCEPTED)
     assert s.tokens_per_s == pytest.approx(N_WORDS / 0.25)  # the server's own decode time
@@ -136,7 +139,7 @@ def test_vllm_metrics_are_read_before_and_after_the_answer():
         assert backend.has_metrics and backend.n_ctx == 2048  # vLLM's max_model_len
         done = generate(backend)[-1]
         again = generate(backend)[-1]
-    assert backend.figures == METRICS
+    assert done.figures == again.figures == METRICS
     # The counters started at 1000/700 (earlier traffic): only this answer's growth counts.
     for d in (done, again):
         assert (d.stats.drafted, d.stats.accepted) == (DRAFTED, ACCEPTED)
@@ -147,7 +150,7 @@ def test_a_server_that_reports_nothing_gives_tokens_per_second_from_the_stream()
     with serving(FakeServer(kind="plain")) as server:
         backend = loaded(server.url)
         done = generate(backend)[-1]
-    assert backend.figures == STREAM and not backend.has_metrics
+    assert done.figures == STREAM and not backend.has_metrics
     assert (done.stats.drafted, done.stats.steps, done.stats.n_tokens) == (0, 0, N_WORDS)
     assert done.stats.tokens_per_s > 0 and done.stats.acceptance == 0.0
 
@@ -218,9 +221,15 @@ def test_a_url_that_is_not_an_openai_server_is_one_line():
 # --- the app -----------------------------------------------------------------------------------------
 
 
-def remote_app(tmp_path: Path, url: str, **kwargs):
-    # The local backend factory is a fake: only the server should be talked to.
-    return make_app(tmp_path, FakeBackend(), remote=RemoteChoice(url, kwargs.pop("api_key", None)), **kwargs)
+def remote_app(tmp_path: Path, url: str, api_key: str | None = None, model: str | None = None, **kwargs):
+    # The app's own factory, which makes a remote backend for the server it is given: a local choice
+    # fails the test (this machine's models must not be touched).
+    def factory(choice):
+        assert isinstance(choice, RemoteChoice), choice
+        return open_backend(choice)
+
+    return SpecchatApp(backend_factory=factory, store=Store(tmp_path / "chat.db"),
+                       settings_path=tmp_path / "config.toml", remote=RemoteChoice(url, api_key, model), **kwargs)
 
 
 @pytest.mark.parametrize("kind, figures, accept, per_step", [
@@ -286,8 +295,8 @@ async def test_regenerate_and_the_conversation_marker(tmp_path):
 async def test_a_server_problem_is_one_line_on_the_error_screen(tmp_path, case):
     with serving(FakeServer(api_key="sesame")) as server:
         url = f"http://127.0.0.1:{free_port()}" if case == "refused" else server.url
-        app = make_app(tmp_path, FakeBackend(), remote=RemoteChoice(
-            url, "sesame" if case == "unknown model" else None, "nope" if case == "unknown model" else None))
+        app = remote_app(tmp_path, url, "sesame" if case == "unknown model" else None,
+                         "nope" if case == "unknown model" else None)
         async with app.run_test() as pilot:
             await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "the error screen")
             message = app.screen.message
@@ -301,7 +310,9 @@ async def test_a_server_problem_is_one_line_on_the_error_screen(tmp_path, case):
 async def test_settings_switch_between_this_machine_and_a_server(tmp_path):
     local = FakeBackend()
     with serving(FakeServer(api_key="sesame")) as server:
-        app = make_app(tmp_path, local, api_key="sesame")
+        app = SpecchatApp(backend_factory=lambda choice: open_backend(choice) if isinstance(choice, RemoteChoice)
+                          else local, store=Store(tmp_path / "chat.db"), settings_path=tmp_path / "config.toml",
+                          api_key="sesame")
         async with app.run_test() as pilot:
             await until(pilot, lambda: app.ready, "the local models")
             assert app.backend is local
@@ -394,7 +405,7 @@ def live_server():
 @pytest.mark.real
 async def test_the_app_on_a_live_specchat_serve_shows_its_acceptance(tmp_path, live_server):
     (tmp_path / "config.toml").write_text('guesser = "draft"\nmax_tokens = 48\n')
-    app = make_app(tmp_path, FakeBackend(), remote=RemoteChoice(live_server))
+    app = remote_app(tmp_path, live_server)
     async with app.run_test(size=(140, 40)) as pilot:
         await until(pilot, lambda: app.ready, "the server's models", timeout=REAL_TIMEOUT_S)
         assert isinstance(app.backend, RemoteBackend) and "smollm2" in app.backend.name.lower()
@@ -436,3 +447,10 @@ def test_specchat_server_in_a_real_terminal(tmp_path, live_server):
     assert db.execute("SELECT server FROM conversations").fetchall() == [(live_server,)]
     rows = db.execute("SELECT role, status, length(content) FROM messages ORDER BY id").fetchall()
     assert [r[0] for r in rows] == ["user", "assistant"] and rows[1][1] == "complete" and rows[1][2] > 0
+
+
+def test_each_backend_has_its_own_warnings():
+    """Said of one server is not said of another (the list was once shared by every instance)."""
+    one, two = RemoteBackend(RemoteChoice("http://a:1")), RemoteBackend(RemoteChoice("http://b:2"))
+    one.warnings.append("the server is old")
+    assert two.warnings == [] and RemoteBackend(RemoteChoice("http://c:3")).warnings == []

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from specchat.documents import output_path, save, split_paragraphs, word_diff
+from specchat.service.documents import output_path, save, split_paragraphs, word_diff
 
 
 def words(text: str) -> int:

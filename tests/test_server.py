@@ -471,10 +471,10 @@ def test_stopping_the_server_tells_open_requests_so():
     tally("server: stopped with requests open", trials=1, faults=1, lost=0)
 
 
-class _BrokenModel:
-    """A served model with a bug in it: every generation raises."""
+class _BrokenService:
+    """A conversation service with a bug in it: every generation raises."""
 
-    id, n_ctx, pair = "broken", 256, None
+    n_ctx, guessers = 256, ["none"]
 
     def chat(self, *args: Any) -> Iterator[Any]:
         raise RuntimeError("a bug in the model layer")
@@ -491,7 +491,7 @@ def test_an_internal_error_is_a_logged_500_and_the_server_goes_on(caplog):
 
     worker = Worker(max_waiting=2)
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(create_app(_BrokenModel(), worker), log_level="critical"))
+    server = uvicorn.Server(uvicorn.Config(create_app(_BrokenService(), "broken", worker), log_level="critical"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

@@ -236,3 +236,50 @@ def test_an_orphaned_renderer_stops_an_endless_render_by_itself():
     start = time.monotonic()
     assert proc.wait(timeout=30) == -signal.SIGALRM
     assert time.monotonic() - start < LIMIT_S + 3
+
+
+class WordModel:
+    """A tokenizer of whole words (with their spaces) that an answer generated letter by letter does
+    not match: re-tokenizing the answer's text would give other tokens than those the cache holds."""
+
+    metadata = {"tokenizer.chat_template": CHATML}
+    bos_text = eos_text = ""
+    add_bos = False
+
+    def __init__(self) -> None:
+        from pathlib import Path
+
+        self.path = Path("words.gguf")
+        self.pieces: dict[int, bytes] = {}
+
+    def _id(self, piece: str) -> int:
+        token = 1000 + len(self.pieces) if piece.encode() not in self.pieces.values() else \
+            next(t for t, p in self.pieces.items() if p == piece.encode())
+        self.pieces[token] = piece.encode()
+        return token
+
+    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+        return [self._id(w) for w in re.findall(r"<\|[a-z_]+\|>|\s*[^\s<]+|\s+", text)]
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        return self.pieces[token]
+
+
+def test_the_prompter_keeps_the_tokens_an_answer_was_generated_as():
+    """The next turn, a regenerated answer and an edited last message all start from tokens the cache
+    holds (as generated), not from the answer's text tokenized anew."""
+    from specchat.llama.template import ChatPrompter
+
+    model = WordModel()
+    prompter = ChatPrompter(model)
+    first = [Message("user", "Spell cat")]
+    prompt = prompter.tokens(first)
+    letters = [model._id(c) for c in ("c", "a", "t")] + [model._id("<|im_end|>")]  # generated one by one
+    prompter.remember(letters)
+    second = first + [Message("assistant", "cat"), Message("user", "Again")]
+    turn2 = prompter.tokens(second)
+    assert prompter.continued and turn2[:len(prompt) + 4] == prompt + letters  # not the word "cat"
+    prompter.remember([model._id("x")])
+    assert prompter.tokens(second) == turn2 and not prompter.continued  # regenerate: the same prompt
+    edited = prompter.tokens(first + [Message("assistant", "cat"), Message("user", "Once more")])
+    assert edited[:len(prompt) + 4] == prompt + letters and edited != turn2

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fakes import FakeBackend
 
-from specchat.loader import ModelChoice
+from specchat.service.choices import ModelChoice
 from specchat.store.conversations import Store
 from specchat.ui.app import SpecchatApp
 from specchat.ui.rewrite import RewriteScreen
@@ -213,3 +213,31 @@ async def test_another_pair_closes_the_old_backend_and_loads_a_new_one(tmp_path)
         app.apply_settings(replace(app.settings, guesser="lookup"))  # not a pair change: nothing reloads
         await pilot.pause()
         assert len(made) == 2
+
+
+class BrokenBackend(FakeBackend):
+    """A backend with a bug: it fails with an exception that is not one of specchat's after a step."""
+
+    def _generate(self, cancel):
+        events = super()._generate(cancel)
+        yield next(events)  # the prefill
+        yield next(events)  # one step
+        raise RuntimeError("an index went out of range")
+
+
+async def test_a_bug_in_a_generation_is_one_line_and_the_app_goes_on(tmp_path):
+    backend = BrokenBackend("One two three four five six")
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "Hi")
+        await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "the error screen")
+        message = app.screen.message
+        assert message.startswith("internal error: RuntimeError: an index went out of range") and "\n" not in message
+        assert "specchat.log" in message  # where the traceback went
+        stored = app.store.messages(app.conversation_id)[-1]
+        assert (stored.content, stored.status) == ("One two three ", "stopped")  # what streamed is kept
+        await pilot.press("escape")
+        await until(pilot, lambda: not app.generating and app.screen is app.chat, "the chat again")
+        backend.__class__ = FakeBackend  # the bug is fixed: the app answers again
+        await send(pilot, app, "Again")
+        await until(pilot, lambda: answered(app), "the next answer")

@@ -1,8 +1,7 @@
 """A thin wrapper over llama.cpp's low-level API: one model, one context, one sequence.
 
-`Session.tokens` mirrors the KV cache exactly: every decode and rewind updates both or
-neither, so an interrupted generation can never leave them out of step, and the next
-generation simply reuses the longest common prefix.
+The context's cache is the model's `Session` (`specchat.llama.session`), with a rewind that works on
+every kind of memory llama.cpp has; `memory` says which kind this model's is.
 """
 
 from __future__ import annotations
@@ -13,17 +12,20 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Iterator, Literal, Sequence
+from typing import Iterator
 
 import llama_cpp
-import numpy as np
 from llama_cpp import _internals, _logger
 
-from specchat.errors import ContextFull, SpecchatError
+from specchat.errors import SpecchatError
+from specchat.llama.session import Memory, Session
 
 GGUF_MAGIC = b"GGUF"
 _OFFLOAD_ALL_LAYERS = 999  # Metal and CUDA builds offload everything; CPU builds ignore it.
-
+# Snapshots of a recurrent state that llama.cpp keeps for stepping back (where the architecture allows
+# it): a verification of up to this many guesses is taken back with no copy. Each costs one more copy
+# of the recurrent state in memory, so a few; longer rewinds use checkpoints.
+ROLLBACK_SNAPSHOTS = 4
 
 
 def _extra_buffers() -> bool:
@@ -124,6 +126,7 @@ class Model:
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = _OFFLOAD_ALL_LAYERS if n_gpu_layers is None or n_gpu_layers < 0 else n_gpu_layers
         mparams.use_extra_bufts = _extra_buffers()
+        mparams.load_mtp = True  # a model's own MTP (NextN) layers, for the mtp guesser; none: nothing
         with _llama_errors() as log:
             try:
                 self._model = _internals.LlamaModel(path_model=str(self.path), params=mparams, verbose=False)
@@ -136,6 +139,14 @@ class Model:
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
+        # A sliding-window model's cache of full size (llama.cpp's default, said here so that it stays so):
+        # positions can then be dropped from the end at any depth, as in any attention cache. The smaller
+        # one reuses the cells that fell out of the window, and a rewind past them would read garbage.
+        cparams.swa_full = True
+        model = self._model.model
+        self.recurrent = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
+        if self.recurrent:
+            cparams.n_rs_seq = ROLLBACK_SNAPSHOTS  # llama.cpp grants none where the architecture cannot
         try:
             self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
         except ValueError:
@@ -145,6 +156,11 @@ class Model:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx.ctx)
         self.n_batch = n_batch
+        self.n_swa = int(llama_cpp.llama_model_n_swa(model))  # sliding-window models keep a full-size cache
+        self.n_nextn = int(llama_cpp.llama_model_n_layer_nextn(model))  # MTP layers, loaded with the model
+        self.rollback_depth = int(llama_cpp.llama_n_rs_seq(self._ctx.ctx)) if self.recurrent else 0
+        self.memory = Memory.TRIM if not self.recurrent else Memory.ROLLBACK if self.rollback_depth else \
+            Memory.CHECKPOINT
         self.metadata = self._model.metadata()
         self.name = self.metadata.get("general.name", self.path.stem)
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -203,101 +219,3 @@ class Model:
         self.session.close()
         self._ctx.close()
         self._model.close()
-
-
-class Session:
-    """The KV cache of a model's context, with the list of tokens it holds."""
-
-    def __init__(self, model: Model) -> None:
-        self.model = model
-        self.tokens: list[int] = []
-        self._ctx = model._ctx.ctx
-        self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self._batch = llama_cpp.llama_batch_init(model.n_batch, 0, 1)
-
-    def close(self) -> None:
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.tokens, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
-
-    def prefill(self, tokens: Sequence[int]) -> int:
-        """Make the cache hold exactly tokens[:-1], reusing the longest prefix it already holds;
-        the last token stays pending, for the step that asks for its logits. Returns how many
-        tokens were reused."""
-        cached = min(self.common_prefix(tokens), len(tokens) - 1)
-        self.rewind(cached)
-        if len(tokens) - 1 > cached:
-            self.decode(tokens[cached:-1], "none")
-        return cached
-
-    def rewind(self, n: int) -> None:
-        """Drop every cached position from n on. Checked: llama.cpp may refuse a partial removal
-        (recurrent models), and then the whole cache is cleared so that it never lies."""
-        if n >= len(self.tokens):
-            return
-        if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1):
-            llama_cpp.llama_memory_clear(self._memory, True)
-            self.tokens.clear()
-            raise SpecchatError(f"llama.cpp could not rewind the KV cache of {self.model.name} to {n} tokens")
-        del self.tokens[n:]
-
-    def decode(self, tokens: Sequence[int], logits: Literal["last", "all", "none"] = "last") -> np.ndarray:
-        """Append tokens to the cache; return logits (rows, n_vocab) only where asked.
-
-        The returned array is a view of llama.cpp's buffer, valid until the next decode.
-        """
-        if not tokens:
-            raise ValueError("decode needs at least one token")
-        start = len(self.tokens)
-        if start + len(tokens) > self.model.n_ctx:
-            raise ContextFull(f"the conversation needs {start + len(tokens)} tokens but the context holds "
-                              f"{self.model.n_ctx} (start a new conversation or raise --ctx)")
-        n_batch = self.model.n_batch
-        if logits == "all" and len(tokens) > n_batch:
-            raise ValueError("logits for every position need the tokens to fit in one batch")
-        # Record first, then decode: if anything interrupts us, rewinding to `start` is always right.
-        self.tokens.extend(tokens)
-        try:
-            for lo in range(0, len(tokens), n_batch):
-                chunk = tokens[lo:lo + n_batch]
-                last_chunk = lo + n_batch >= len(tokens)
-                self._fill(chunk, start + lo, logits, last_chunk)
-                rc = llama_cpp.llama_decode(self._ctx, self._batch)
-                if rc != 0:
-                    raise SpecchatError(f"llama.cpp decode failed with code {rc} on {self.model.name}")
-        except BaseException:
-            self._drop_after(start)
-            raise
-        if logits == "none":
-            return np.empty((0, self.model.n_vocab), dtype=np.float32)
-        return self.last_logits(len(tokens) if logits == "all" else 1)
-
-    def last_logits(self, rows: int) -> np.ndarray:
-        """The logits rows of the latest decode, as a view of llama.cpp's buffer (no copy)."""
-        ptr = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(rows, self.model.n_vocab))
-
-    def _fill(self, chunk: Sequence[int], pos0: int, logits: str, last_chunk: bool) -> None:
-        b = self._batch
-        b.n_tokens = len(chunk)
-        want_all = logits == "all"
-        for i, tok in enumerate(chunk):
-            b.token[i] = tok
-            b.pos[i] = pos0 + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = want_all
-        if last_chunk and logits == "last":
-            b.logits[len(chunk) - 1] = True
-
-    def _drop_after(self, n: int) -> None:
-        llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1)
-        del self.tokens[n:]

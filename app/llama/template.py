@@ -47,20 +47,25 @@ class ChatTemplate:
 class ChatPrompter:
     """Renders a conversation to prompt tokens.
 
-    Re-tokenizing a whole conversation can split the previous answer differently from how
-    it was generated, which would defeat KV-cache reuse. So when the new rendering extends
-    the text of the last prompt plus its answer, only the new text is tokenized and appended
-    to the tokens the cache already holds.
+    Re-tokenizing a whole conversation can split an earlier answer differently from how it was
+    generated, which would defeat KV-cache reuse and change what the model is given. So the prompter
+    remembers the last few renderings whose tokens it knows (each prompt, and each prompt with its
+    answer): a new rendering that extends one of them keeps its tokens and tokenizes only the new
+    text. The next turn extends the last answer; a regenerated answer is the last prompt again; an
+    edited message extends the turn before it.
     """
+
+    KNOWN = 8  # renderings remembered
 
     def __init__(self, model: Model) -> None:
         self.model = model
         template = model.metadata.get("tokenizer.chat_template")
         if not template:
-            raise SpecchatError(f"{model.path.name} has no chat template in its metadata; use an instruct model")
+            raise SpecchatError(f"{model.path.name} has no chat template: it is a base model, which continues text "
+                                "rather than answering; complete raw text with `specchat generate --raw`, or chat "
+                                "with an instruct model")
         self.template = ChatTemplate(template, model.path.name, model.bos_text, model.eos_text)
-        self._text = ""
-        self._tokens: list[int] = []
+        self._known: list[tuple[str, list[int]]] = []  # (text, its tokens), newest last
         self.continued = False
 
     def render(self, messages: Sequence[Message]) -> str:
@@ -68,15 +73,27 @@ class ChatPrompter:
 
     def tokens(self, messages: Sequence[Message]) -> list[int]:
         text = self.render(messages)
-        self.continued = bool(self._text) and text.startswith(self._text)  # the last turn goes on
-        if self.continued:
-            tokens = self._tokens + self.model.tokenize(text[len(self._text):], add_bos=False)
+        self.continued = bool(self._known) and text.startswith(self._known[-1][0])  # the last turn goes on
+        base = max((k for k in self._known if text.startswith(k[0])), key=lambda k: len(k[0]), default=None)
+        if base is not None:
+            rest = text[len(base[0]):]
+            tokens = base[1] + (self.model.tokenize(rest, add_bos=False) if rest else [])
         else:
             tokens = self.model.tokenize(text, add_bos=self.model.add_bos and not text.startswith(self.model.bos_text))
-        self._text, self._tokens = text, tokens
+        self._learn(text, tokens)
         return tokens
 
+    def forget(self) -> None:
+        """The cache was used for something else: the next conversation is tokenized afresh."""
+        self._known, self.continued = [], False
+
     def remember(self, answer_ids: Sequence[int]) -> None:
-        """After a generation: the cache now holds the last prompt plus these tokens (EOG included)."""
-        self._tokens = self._tokens + list(answer_ids)
-        self._text += b"".join(self.model.piece(t, special=True) for t in answer_ids).decode("utf-8", "replace")
+        """After a generation: the last prompt went on with these tokens (EOG included)."""
+        if not self._known:
+            return
+        text, tokens = self._known[-1]
+        answer = b"".join(self.model.piece(t, special=True) for t in answer_ids).decode("utf-8", "replace")
+        self._learn(text + answer, tokens + list(answer_ids))
+
+    def _learn(self, text: str, tokens: list[int]) -> None:
+        self._known = [k for k in self._known if k[0] != text][-(self.KNOWN - 1):] + [(text, tokens)]

@@ -59,6 +59,12 @@ class VocabFile:
                  for key, value in vars(llama_cpp).items() if key.startswith("LLAMA_FTYPE_") and isinstance(value, int)}
         return names.get(int(ftype), "?") if ftype is not None and str(ftype).isdigit() else "?"
 
+    @property
+    def mtp_layers(self) -> int:
+        """The file's own MTP (NextN) layers: a draft it carries inside (0: none)."""
+        arch = self.metadata.get("general.architecture", "")
+        return int(self.metadata.get(f"{arch}.nextn_predict_layers", 0) or 0)
+
     def token_text(self, token: int) -> str:
         return llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
 

@@ -34,9 +34,9 @@ from specchat.server.api import (
     timings,
     usage,
 )
-from specchat.server.service import ContextLengthExceeded, ServedModel
 from specchat.server.worker import END, Busy, Failed, Worker
-from specchat.spec.engine import Done, Event, Step
+from specchat.service.chat import ChatEvent, ChatService
+from specchat.spec.engine import Done, Step
 
 log = logging.getLogger("specchat.server")
 
@@ -51,7 +51,7 @@ def error(status: int, message: str, param: str | None = None, code: str | None 
                         headers=headers)
 
 
-def create_app(model: ServedModel, worker: Worker, api_key: str | None = None) -> FastAPI:
+def create_app(service: ChatService, model_id: str, worker: Worker, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="specchat", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
     app.add_middleware(RequestBodyLimitMiddleware, max_body_size=MAX_BODY)  # counts bodies sent in chunks too
@@ -61,34 +61,34 @@ def create_app(model: ServedModel, worker: Worker, api_key: str | None = None) -
     @app.get("/health")
     async def health() -> dict[str, Any]:
         c = worker.counters
-        return {"status": "ok", "model": model.id, "running": worker.running, "waiting": worker.waiting,
+        return {"status": "ok", "model": model_id, "running": worker.running, "waiting": worker.waiting,
                 "completed": c.completed, "cancelled": c.cancelled, "dropped": c.dropped,
                 "rejected": c.rejected, "failed": c.failed,
                 "last": c.last}
 
     @app.get("/v1/models", dependencies=authorized)
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model.id, "object": "model", "created": 0, "owned_by": "specchat",
-                                            "meta": {"n_ctx": model.n_ctx, "draft": model.pair.draft is not None}}]}
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "specchat",
+                                            "meta": {"n_ctx": service.n_ctx, "guessers": service.guessers}}]}
 
     @app.post("/v1/chat/completions", dependencies=authorized)
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
         messages = [Message("system" if m.role == "developer" else m.role, m.text()) for m in body.messages]
-        config = body.generation_config(model.n_ctx)
+        config = body.generation_config(service.n_ctx)
 
-        def work(cancel: threading.Event) -> Iterator[Event]:
-            return model.chat(messages, config, body.guesser, cancel)
+        def work(cancel: threading.Event) -> Iterator[ChatEvent]:
+            return service.chat(messages, config, body.guesser, cancel)
 
-        return await _respond(request, worker, work, body, _Shape(model.id, chat=True))
+        return await _respond(request, worker, work, body, _Shape(model_id, chat=True))
 
     @app.post("/v1/completions", dependencies=authorized)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        prompt, config = body.prompt_value(), body.generation_config(model.n_ctx)
+        prompt, config = body.prompt_value(), body.generation_config(service.n_ctx)
 
-        def work(cancel: threading.Event) -> Iterator[Event]:
-            return model.complete(prompt, config, body.guesser, cancel)
+        def work(cancel: threading.Event) -> Iterator[ChatEvent]:
+            return service.complete(prompt, config, body.guesser, cancel)
 
-        return await _respond(request, worker, work, body, _Shape(model.id, chat=False))
+        return await _respond(request, worker, work, body, _Shape(model_id, chat=False))
 
     return app
 
@@ -136,7 +136,7 @@ class _Shape:
         return self._envelope([], stream=True) | {"usage": usage(done.stats), "timings": timings(done.stats)}
 
 
-async def _respond(request: Request, worker: Worker, work: Callable[[threading.Event], Iterator[Event]],
+async def _respond(request: Request, worker: Worker, work: Callable[[threading.Event], Iterator[ChatEvent]],
                    body: GenerationFields, shape: _Shape) -> Response:
     try:
         job = worker.submit(work)
@@ -244,7 +244,7 @@ def _failure(item: Any, prompt_field: str) -> JSONResponse:
     if item is END:  # the worker stopped before this job ran: the server is shutting down
         return _stopping()
     e = item.error
-    if isinstance(e, (ContextLengthExceeded, ContextFull)):
+    if isinstance(e, ContextFull):
         return error(400, str(e), param=prompt_field, code="context_length_exceeded")
     if isinstance(e, SpecchatError):
         return error(400, str(e))

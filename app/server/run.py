@@ -15,12 +15,13 @@ from types import FrameType
 import uvicorn
 
 from specchat.errors import SpecchatError
-from specchat.loader import ModelChoice, load_pair
 from specchat.models.catalog import load_catalog
 from specchat.models.fetch import Progress
 from specchat.server.app import create_app
-from specchat.server.service import ServedModel
 from specchat.server.worker import Worker
+from specchat.service.chat import ChatService
+from specchat.service.choices import ModelChoice
+from specchat.service.loader import load_pair
 from specchat.store.settings import API_KEY_ENV, resolve_api_key
 
 GRACE_S = 3  # how long open requests get to end once the server is told to stop
@@ -50,20 +51,20 @@ def serve(choice: ModelChoice, host: str, port: int, api_key: str | None, max_wa
     pair.curve()  # auto's cost curve: measured once per machine and cached, now rather than in the first request
     if progress is not None:
         progress("measuring this machine's decode costs (first run only)", 1, 1)
-    model = ServedModel(pair, _model_id(choice))
+    service, model_id = ChatService(pair), _model_id(choice)
     worker = Worker(max_waiting)
     logging.basicConfig(level=logging.WARNING, format="specchat: %(levelname)s: %(message)s")
-    server = _Server(uvicorn.Config(create_app(model, worker, api_key), log_level="warning", access_log=False,
-                                    timeout_graceful_shutdown=GRACE_S), worker)
+    server = _Server(uvicorn.Config(create_app(service, model_id, worker, api_key), log_level="warning",
+                                    access_log=False, timeout_graceful_shutdown=GRACE_S), worker)
     name = f"[{host}]" if ":" in host else host
-    print(f"specchat: serving {model.id} ({pair.name}) on http://{name}:{sock.getsockname()[1]}/v1",
+    print(f"specchat: serving {model_id} ({pair.name}) on http://{name}:{sock.getsockname()[1]}/v1",
           file=sys.stderr, flush=True)
     try:
         server.run(sockets=[sock])
     finally:
         # Models are freed only once no step is running in them.
         if worker.stop(STOP_WAIT_S):
-            model.close()
+            service.close()
 
 
 class _Server(uvicorn.Server):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Union
 
 import numpy as np
@@ -58,8 +58,9 @@ class Step:
     drafted: int
     accepted: int
     draft_s: float
-    verify_s: float
-    guesser: str = "none"  # the guesser behind this step's guess: "none", "lookup" or "draft"
+    verify_s: float  # the target's side of the step: verifying, and taking back what it rejected
+    guesser: str = "none"  # the guesser behind this step's guess: "none", "lookup", "draft" or "mtp"
+    rollback_s: float = 0.0  # of verify_s: saving the state beforehand and rewinding after (0 on most models)
 
 
 @dataclass(frozen=True)
@@ -107,11 +108,18 @@ class Stats:
         judged = self.accepted + self.rejections
         return self.accepted / judged if judged else 0.0
 
+    def plus(self, other: "Stats") -> "Stats":
+        """Both together: the figures of two generations (or two parts of one rewrite) as one."""
+        return Stats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
     def add_step(self, step: Step) -> "Stats":
         return Stats(self.n_prompt, self.cached, self.prefill_s, self.n_tokens + len(step.tokens), self.steps + 1,
                      self.drafted + step.drafted, self.accepted + step.accepted,
                      self.rejections + (step.accepted < step.drafted),
                      self.draft_s + step.draft_s, self.verify_s + step.verify_s, self.wall_s)
+
+
+ENGINE_FIGURES = "engine"  # Done.figures when the stats are the engine's own count of its steps
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,7 @@ class Done:
     text: str  # the whole answer
     token_ids: tuple[int, ...]  # every generated token, the end-of-generation token included
     stats: Stats
+    figures: str = ENGINE_FIGURES  # where `stats` come from (a server reports its own, or only a stream)
 
 
 Event = Union[Prefill, Step, Done]
@@ -180,10 +189,15 @@ class Engine:
             t_draft = time.perf_counter()
             proposal = self.guesser.propose(context, k, sampling, rng)
             t_verify = time.perf_counter()
+            if proposal.tokens:  # where the cache cannot drop positions by itself, keep a way back
+                session.checkpoint(reach=len(proposal.tokens))
+            t_checked = time.perf_counter()
             verdict = self._verify(context[-1], proposal.tokens, proposal.probs, sampling, rng)
+            t_verified = time.perf_counter()
             # Keep the pending token and the accepted run; the rest of the batch is rewound.
             session.rewind(len(context) + verdict.n_accepted)
             t_end = time.perf_counter()
+            rollback_s = (t_checked - t_verify) + (t_end - t_verified)
 
             new = proposal.tokens[:verdict.n_accepted] + [verdict.token]
             sources = [Source.DRAFT] * verdict.n_accepted + [_last_source(verdict, len(proposal.tokens))]
@@ -203,8 +217,8 @@ class Engine:
             context.extend(new)
             answer.append("".join(released))
             step = Step(tuple(tokens), answer[-1], len(proposal.tokens), verdict.n_accepted,
-                        t_verify - t_draft, t_end - t_verify, proposal.guesser)
-            self.guesser.observe(step.drafted, step.accepted, step.draft_s, step.verify_s)
+                        t_verify - t_draft, t_end - t_verify, proposal.guesser, rollback_s)
+            self.guesser.observe(step.drafted, step.accepted, step.draft_s, step.verify_s - rollback_s, rollback_s)
             stats = stats.add_step(step)
             yield step
             if reason in ("eog", "stop"):

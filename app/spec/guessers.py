@@ -8,31 +8,24 @@ and, if it sampled them, the distributions it sampled from; deterministic propos
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Protocol, Sequence
 
 import numpy as np
 
+from specchat.errors import SpecchatError
 from specchat.spec.policy import Acceptance, CostCurve, MatchAcceptance, best_k, best_length, keep_drafting
 from specchat.spec.sampling import SamplingConfig, logits_to_probs, sample
 
 if TYPE_CHECKING:  # settings validate guesser names without loading llama.cpp
     from specchat.llama.model import Model
-
-# The guessers by name, in the order the app cycles through them: the one registry of names that
-# the command line, the settings and the app offer (specchat.loader builds them).
-GUESSERS: dict[str, str] = {
-    "auto": "picks lookup, the draft or nothing at each step, by this machine's costs",
-    "none": "plain decoding",
-    "lookup": "copies from earlier text (prompt lookup)",
-    "draft": "the draft model guesses",
-}
+    from specchat.llama.mtp import MtpHead
 
 
 @dataclass(frozen=True)
 class Proposal:
     tokens: list[int]
     probs: np.ndarray | None  # (len(tokens), V) or None for deterministic proposals
-    guesser: str = "none"  # which guesser made it: "none", "lookup" or "draft"
+    guesser: str = "none"  # which guesser made it: "none", "lookup", "draft" or "mtp"
 
     @staticmethod
     def empty() -> "Proposal":
@@ -50,8 +43,9 @@ class Guesser(Protocol):
                 rng: np.random.Generator) -> Proposal:
         """Up to k tokens likely to follow context (which ends with the last committed token)."""
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        """What the step made of the last proposal, for guessers that learn."""
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
+        """What the step made of the last proposal, for guessers that learn: verify_s is the
+        verification alone, rollback_s what saving and restoring the state cost on top of it."""
 
 
 class NoGuesser:
@@ -67,7 +61,7 @@ class NoGuesser:
                 rng: np.random.Generator) -> Proposal:
         return Proposal.empty()
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
         pass
 
 
@@ -89,7 +83,7 @@ class LookupGuesser:
                 rng: np.random.Generator) -> Proposal:
         return Proposal(lookup(context, k, self.max_ngram), None, "lookup")
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
         pass
 
 
@@ -148,43 +142,89 @@ class DraftGuesser:
         # is one more worth it? (Set by AutoGuesser from the cost model.)
         self.keep_going: Callable[[list[float]], bool] | None = None
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
         pass
 
     def prepare(self, context: Sequence[int]) -> None:
-        self._sync(context)
+        self._sync(context, lasting=True)
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
         if k <= 0:
             return Proposal.empty()
-        logits = self._sync(context)
+        logits = self._sync(context)[-1]
         session = self.model.session
-        tokens: list[int] = []
-        rows: list[np.ndarray] = []
-        confidences: list[float] = []
-        for i in range(k):
-            if sampling.greedy:
-                tokens.append(int(logits[-1].argmax()))
-            else:
-                q = logits_to_probs(logits[-1], sampling)
-                tokens.append(sample(q, rng))
-                rows.append(q)
-            if self.keep_going is not None:
-                confidences.append(_confidence(logits[-1], tokens[-1], rows[-1] if rows else None))
-                if not self.keep_going(confidences):
-                    break
-            if i < k - 1:
-                logits = session.decode(tokens[-1:], "last")
-        return Proposal(tokens, None if sampling.greedy else np.stack(rows), "draft")
+        if k > 1:  # its own guesses go into its cache, and the rejected ones come out again
+            session.checkpoint()
+        tokens, probs = draft_tokens(logits, k, sampling, rng, lambda token: session.decode([token], "last")[-1],
+                                     self.keep_going)
+        return Proposal(tokens, probs, "draft")
 
-    def _sync(self, context: Sequence[int]) -> np.ndarray:
-        """Bring the cache to exactly `context` and return the logits after its last token."""
+    def _sync(self, context: Sequence[int], lasting: bool = False) -> np.ndarray:
+        """Bring the cache to exactly `context` and return the logits after its last token. `lasting`
+        (a prompt): keep the state before the last token, where a regenerated answer comes back to."""
         session = self.model.session
         # Re-evaluate at least the last token: its logits are what the first guess needs.
         keep = min(session.common_prefix(context), len(context) - 1)
         session.rewind(keep)
-        return session.decode(context[keep:], "last")
+        if lasting and len(context) - 1 > keep:
+            session.decode(context[keep:-1], "none")
+            session.checkpoint(lasting=True)
+        return session.decode(context[len(session.tokens):], "last")
+
+
+class MtpGuesser:
+    """The target drafts for itself with its own MTP layers (`specchat.llama.mtp`): one layer's work a
+    token, and a draft that knows the target's hidden state. Drafts are sampled from the head's own
+    (transformed) distribution, so the exact rule applies as it does for a draft model."""
+
+    name = "mtp"
+    default_draft_length = 3
+
+    def __init__(self, head: MtpHead) -> None:
+        self.head = head
+        self.keep_going: Callable[[list[float]], bool] | None = None
+
+    def prepare(self, context: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        if k <= 0:
+            return Proposal.empty()
+        self.head.begin()
+        try:
+            tokens, probs = draft_tokens(self.head.step(context[-1]), k, sampling, rng, self.head.step,
+                                         self.keep_going)
+        finally:
+            self.head.end()
+        return Proposal(tokens, probs, "mtp")
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
+        pass
+
+
+def draft_tokens(logits: np.ndarray, k: int, sampling: SamplingConfig, rng: np.random.Generator,
+                 more: Callable[[int], np.ndarray],
+                 keep_going: Callable[[list[float]], bool] | None = None) -> tuple[list[int], np.ndarray | None]:
+    """Up to k tokens from a model that gives logits for the next token: `logits` for the first, then
+    `more(token)` for the one after each. Greedy takes the argmax; sampling draws from q and returns
+    the rows of q, which the acceptance rule needs. `keep_going` may stop early."""
+    tokens: list[int] = []
+    rows: list[np.ndarray] = []
+    confidences: list[float] = []
+    for i in range(k):
+        q = None if sampling.greedy else logits_to_probs(logits, sampling)
+        tokens.append(int(logits.argmax()) if q is None else sample(q, rng))
+        if q is not None:
+            rows.append(q)
+        if keep_going is not None:
+            confidences.append(_confidence(logits, tokens[-1], q))
+            if not keep_going(confidences):
+                break
+        if i < k - 1:
+            logits = more(tokens[-1])
+    return tokens, None if sampling.greedy else np.stack(rows)
 
 
 def _confidence(logits: np.ndarray, token: int, probs: np.ndarray | None) -> float:
@@ -197,27 +237,32 @@ def _confidence(logits: np.ndarray, token: int, probs: np.ndarray | None) -> flo
 
 class AutoGuesser:
     """Per step, the guess that maximizes expected tokens per second: prompt lookup when a match
-    is worth it, the draft model when that pays, or nothing (a plain step).
+    is worth it, the draft model or the target's own MTP layers when that pays, or nothing (a plain
+    step).
 
-    Acceptance is estimated online: for the draft, one running estimate; for lookup, one per
-    match length (see MatchAcceptance), kept apart for three kinds of copy. Costs come from the
-    measured curve, kept current from real steps. On a GPU, where verifying many positions costs
-    about as much as one, this picks long guesses; on a small CPU, short ones or none.
+    Acceptance is estimated online: for each drafting model, one running estimate; for lookup, one
+    per match length (see MatchAcceptance), kept apart for three kinds of copy. Costs come from the
+    measured curve, kept current from real steps, with what a rollback costs on models whose cache
+    cannot drop positions. On a GPU, where verifying many positions costs about as much as one, this
+    picks long guesses; on a small CPU, short ones or none.
     """
 
     name = "auto"
     default_draft_length = 16
 
     def __init__(self, curve: CostCurve, draft: DraftGuesser | None = None, max_match: int = 32,
-                 window: int = 8, piece: Callable[[int], bytes] | None = None) -> None:
+                 window: int = 8, piece: Callable[[int], bytes] | None = None, mtp: MtpGuesser | None = None) -> None:
         self.curve, self.draft, self.max_match, self.window = curve, draft, max_match, window
+        # The models that draft token by token, each with its own acceptance and cost per token.
+        self.drafters: dict[str, DraftGuesser | MtpGuesser] = {
+            name: g for name, g in (("draft", draft), ("mtp", mtp)) if g is not None}
+        self.drafter_acceptance = {name: Acceptance() for name in self.drafters}
         self.piece = piece  # a token's text, to see how much of the copied text the target replaced
         # "far": the longest earlier match anywhere. "near": one that continues where the last
         # guess left off, in the passage being copied (even a 1-token match there usually holds).
         # "substitute": after the target replaced some copied text, copying on after that text.
         self.lookup_acceptance = {"far": MatchAcceptance(), "near": MatchAcceptance(floor=0.6),
                                   "substitute": MatchAcceptance(floor=0.6)}
-        self.draft_acceptance = Acceptance()
         self._cursor: int | None = None  # where in the context the answer was last copying from
         self._replaced: int | None = None  # the copied token that the target just replaced, if any
         # The last step's source and, for lookup, where it copied from, its kind and match length.
@@ -226,13 +271,14 @@ class AutoGuesser:
         # (cached per machine), so the same seed takes the same choices, and so the same random
         # draws, in a fresh process.
         self._timed = True
-        if draft is not None:
-            draft.keep_going = lambda confidences: keep_drafting(confidences, self.curve)
+        for name, drafter in self.drafters.items():
+            drafter.keep_going = lambda confidences, name=name: keep_drafting(
+                confidences, self.curve, self.curve.token_s(name))
 
     def prepare(self, context: Sequence[int]) -> None:
         self._cursor = self._replaced = None  # a new generation: nothing is being copied yet
-        if self.draft is not None:
-            self.draft.prepare(context)
+        for drafter in self.drafters.values():
+            drafter.prepare(context)
 
     def _copy_source(self, context: Sequence[int]) -> tuple[int, int, str] | None:
         """Where to copy from (start, match length, kind): the longest earlier match; among equals,
@@ -286,14 +332,18 @@ class AutoGuesser:
             if n and rate > best:
                 best, choice = rate, Proposal(found[:n], None, "lookup")
                 self._last = ("lookup", start, kind, m)
-        if self.draft is not None and k > 0:
-            n, rate = best_k(self.draft_acceptance.alpha, k, self.curve, self.curve.draft_s)
+        drafter = None
+        for name in self.drafters if k > 0 else ():
+            n, rate = best_k(self.drafter_acceptance[name].alpha, k, self.curve, self.curve.token_s(name))
             if n and rate > best:
-                self._last = ("draft", 0, "far", 0)
-                return self.draft.propose(context, n, sampling, rng)
+                best, drafter = rate, (name, n)
+        if drafter is not None:
+            name, n = drafter
+            self._last = (name, 0, "far", 0)
+            return self.drafters[name].propose(context, n, sampling, rng)
         return choice
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
         source, start, kind, m = self._last
         if self._timed:
             self.curve.observe_verify(drafted + 1, verify_s)
@@ -304,12 +354,90 @@ class AutoGuesser:
             if accepted:
                 self._cursor = start + accepted
             self._replaced = self._cursor if 0 < accepted < drafted else None
-        if source == "draft":
+        if source in self.drafters:
             if self._timed:
-                self.curve.observe_draft(drafted, draft_s)
-            self.draft_acceptance.observe(accepted, accepted < drafted)
+                self.curve.observe_draft(drafted, draft_s, source)
+            self.drafter_acceptance[source].observe(accepted, accepted < drafted)
         # An option never chosen is never measured again: estimates that ruled a guesser out
         # drift back towards their priors, so that it is retried now and then.
-        self.draft_acceptance.relax()
-        for estimate in self.lookup_acceptance.values():
+        for estimate in [*self.drafter_acceptance.values(), *self.lookup_acceptance.values()]:
             estimate.relax()
+
+
+# --- the registry --------------------------------------------------------------------------------
+
+
+class Pair(Protocol):
+    """What a guesser is built from: a loaded target, its draft if any, and this machine's costs."""
+
+    target: Model
+    draft: Model | None
+    mtp: MtpHead | None  # the target's own MTP layers (or its assistant's), if it has them
+    warnings: list[str]  # why something the user asked for was left out (a draft that failed to load)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What the pair has that a guesser may need (see NEEDS)."""
+
+    def curve(self) -> CostCurve: ...
+
+
+# What a guesser may need, in the words that say so when a pair lacks it.
+NEEDS = {"rewind": "a cache that can take back a rejected guess, which this model's cannot (see its warning)",
+         "draft": "a draft model: pass --draft PATH or use a --pair that has one",
+         "mtp": "MTP layers: a model that has them (Qwen3.5/3.6, DeepSeek, GLM), or a Gemma 4 target with its "
+                "gemma4-assistant file as --draft"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    help: str
+    build: Callable[[Pair], Guesser]  # a new guesser, with state of its own, over the pair
+    needs: frozenset[str] = frozenset()
+
+
+def _auto(pair: Pair) -> Guesser:
+    if "rewind" not in pair.capabilities:  # every guess would cost the whole conversation again
+        return NoGuesser()
+    # Its own copy of the curve: auto keeps it current from the steps it times.
+    return AutoGuesser(pair.curve().copy(), DraftGuesser(pair.draft) if pair.draft is not None else None,
+                       piece=pair.target.piece, mtp=MtpGuesser(pair.mtp) if pair.mtp is not None else None)
+
+
+# Every guesser by name, in the order the app cycles through them. A new guesser is its class and one
+# line here: the command line, the settings, Ctrl+G, the server and the loader all read this.
+REGISTRY: dict[str, Entry] = {
+    "auto": Entry("picks lookup, the draft or nothing at each step, by this machine's costs", _auto),
+    "none": Entry("plain decoding", lambda pair: NoGuesser()),
+    "lookup": Entry("copies from earlier text (prompt lookup)", lambda pair: LookupGuesser(), frozenset({"rewind"})),
+    "draft": Entry("the draft model guesses", lambda pair: DraftGuesser(pair.draft), frozenset({"rewind", "draft"})),
+    "mtp": Entry("the target's own MTP layers guess", lambda pair: MtpGuesser(pair.mtp), frozenset({"rewind", "mtp"})),
+}
+GUESSERS = tuple(REGISTRY)
+
+
+def available(capabilities: Collection[str]) -> list[str]:
+    """The guessers that can run on what a pair (or a server) has, in the registry's order."""
+    return [name for name, entry in REGISTRY.items() if entry.needs <= set(capabilities)]
+
+
+def unavailable(name: str, capabilities: Collection[str], warnings: Sequence[str] = ()) -> str | None:
+    """Why the guesser `name` cannot run here (one line, with what to do), or None if it can. `warnings`
+    say why something it needs was left out, when it was."""
+    entry = REGISTRY.get(name)
+    if entry is None:
+        return f"unknown guesser {name!r}; choose one of {', '.join(GUESSERS)}"
+    lacking = sorted(entry.needs - set(capabilities))
+    if not lacking:
+        return None
+    if warnings:
+        return f"the {name} guesser cannot run: {'; '.join(warnings)} (choose another guesser)"
+    return f"the {name} guesser needs " + "; and ".join(NEEDS[need] for need in lacking)
+
+
+def build(name: str, pair: Pair) -> Guesser:
+    """A new guesser of this name over the pair, or a one-line error saying why it cannot run."""
+    why = unavailable(name, pair.capabilities, pair.warnings)
+    if why is not None:
+        raise SpecchatError(why)
+    return REGISTRY[name].build(pair)

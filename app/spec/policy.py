@@ -3,7 +3,9 @@
 A step that verifies n positions costs verify(n); drafting costs draft_s per token (zero for
 prompt lookup). With per-position acceptance alpha, k guesses yield (1 - alpha^(k+1)) / (1 - alpha)
 tokens, so the rate is that over (k * draft_s + verify(k + 1)). On a GPU verify() is nearly flat
-and long drafts win; on a small CPU it climbs steeply and short drafts, or none, win.
+and long drafts win; on a small CPU it climbs steeply and short drafts, or none, win. On a model
+whose cache cannot drop positions (recurrent state), a guess also costs saving the state, and a
+rejection restoring it and decoding the accepted tokens again (`Rollback`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,17 @@ def expected_tokens(alpha: float, k: np.ndarray | int) -> np.ndarray:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+@dataclass(frozen=True)
+class Rollback:
+    """What taking back a rejected guess costs where the cache cannot simply drop positions: a copy of
+    the state before the verification, and on a rejection its restore plus a decode of the tokens kept.
+    Rewinds of up to `free_depth` positions cost nothing (llama.cpp's own snapshots)."""
+
+    save_s: float
+    restore_s: float
+    free_depth: int = 0
+
+
 @dataclass
 class CostCurve:
     """Seconds to verify n positions (n = 1..len), kept current from real steps."""
@@ -29,6 +42,8 @@ class CostCurve:
     verify_s: list[float]  # verify_s[n - 1] is the cost of n positions
     draft_s: float = 0.0  # one draft-model token
     smoothing: float = 0.1
+    mtp_s: float = 0.0  # one token of the target's own MTP layers
+    rollback: Rollback | None = None  # None: the cache drops positions for free
 
     def verify(self, n: np.ndarray | int) -> np.ndarray:
         n = np.asarray(n)
@@ -41,23 +56,45 @@ class CostCurve:
 
     def copy(self) -> "CostCurve":
         """An independent copy, for a user that adjusts it from its own steps."""
-        return CostCurve(list(self.verify_s), self.draft_s, self.smoothing)
+        return CostCurve(list(self.verify_s), self.draft_s, self.smoothing, self.mtp_s, self.rollback)
+
+    def token_s(self, drafter: str) -> float:
+        """One drafted token of the "draft" model or of the "mtp" layers."""
+        return self.mtp_s if drafter == "mtp" else self.draft_s
 
     def observe_verify(self, n: int, seconds: float) -> None:
         if 1 <= n <= len(self.verify_s) and seconds > 0:
             self.verify_s[n - 1] += self.smoothing * (seconds - self.verify_s[n - 1])
 
-    def observe_draft(self, tokens: int, seconds: float) -> None:
+    def observe_draft(self, tokens: int, seconds: float, drafter: str = "draft") -> None:
         if tokens > 0 and seconds > 0:
-            self.draft_s += self.smoothing * (seconds / tokens - self.draft_s)
+            now = self.token_s(drafter) + self.smoothing * (seconds / tokens - self.token_s(drafter))
+            if drafter == "mtp":
+                self.mtp_s = now
+            else:
+                self.draft_s = now
+
+    def step_s(self, alphas: np.ndarray, draft_s: float) -> np.ndarray:
+        """Expected seconds of a step that sends the first k of these guesses, for k = 0..len(alphas):
+        drafting, verifying k + 1 positions, and taking back what is rejected."""
+        ks = np.arange(0, len(alphas) + 1)
+        seconds = ks * draft_s + self.verify(ks + 1)
+        if self.rollback is None:
+            return seconds
+        r = self.rollback
+        # The first rejection at guess j (each before it accepted): restore, then decode the pending
+        # token and the j accepted guesses again.
+        reach = np.concatenate([[1.0], np.cumprod(alphas)])[:-1]
+        stop = reach * (1 - np.asarray(alphas, dtype=np.float64))
+        taken_back = np.concatenate([[0.0], np.cumsum(stop * (r.restore_s + self.verify(ks[:-1] + 1)))])
+        return seconds + np.where(ks > r.free_depth, r.save_s + taken_back, 0.0)
 
 
 def best_length(alphas: np.ndarray, cost: CostCurve, draft_s: float) -> tuple[int, float]:
     """How many of the offered guesses (0..len(alphas)) to send, and the expected tokens per second
     then, when guess j is accepted with probability alphas[j] given that those before it were."""
-    ks = np.arange(0, len(alphas) + 1)
     tokens = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(alphas))])
-    rate = tokens / (ks * draft_s + cost.verify(ks + 1))
+    rate = tokens / cost.step_s(np.asarray(alphas, dtype=np.float64), draft_s)
     best = int(rate.argmax())
     return best, float(rate[best])
 
@@ -68,16 +105,16 @@ def best_k(alpha: float, k_max: int, cost: CostCurve, draft_s: float) -> tuple[i
     return best_length(np.full(max(0, k_max), alpha), cost, draft_s)
 
 
-def keep_drafting(confidences: list[float], cost: CostCurve) -> bool:
+def keep_drafting(confidences: list[float], cost: CostCurve, draft_s: float | None = None) -> bool:
     """After drafting len(confidences) tokens whose draft probabilities were `confidences`: is
     one more worth its cost? The draft's own probability is a free estimate of acceptance, so
     the expected tokens so far are 1 + q1 + q1 q2 + ..., and the next guess adds about
-    prod(q) * q_last more."""
+    prod(q) * q_last more. `draft_s`: one drafted token (default: the draft model's)."""
     k = len(confidences)
-    reach = np.cumprod(confidences)
-    now = (1 + reach.sum()) / (k * cost.draft_s + float(cost.verify(k + 1)))
-    more = (1 + reach.sum() + reach[-1] * confidences[-1]) / ((k + 1) * cost.draft_s + float(cost.verify(k + 2)))
-    return bool(more > now)
+    alphas = np.array([*confidences, confidences[-1]], dtype=np.float64)
+    tokens = 1 + np.cumsum(np.cumprod(alphas))
+    seconds = cost.step_s(alphas, cost.draft_s if draft_s is None else draft_s)
+    return bool(tokens[k] / seconds[k + 1] > tokens[k - 1] / seconds[k])
 
 
 @dataclass

@@ -62,6 +62,11 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def log_path() -> Path:
+    """Where the app writes what went wrong inside it, with tracebacks (never over the screen)."""
+    return Path(platformdirs.user_log_dir("specchat")) / "specchat.log"
+
+
 def cache_file(name: str) -> Path:
     return Path(platformdirs.user_cache_dir("specchat")) / name
 

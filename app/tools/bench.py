@@ -8,16 +8,19 @@ reported figures are medians over repeats.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 from collections import defaultdict
 
 from specchat.errors import SpecchatError
-from specchat.llama.template import ChatPrompter, Message
-from specchat.loader import ModelChoice, load_pair
-from specchat.spec.engine import Engine, GenerationConfig, Stats, final
-from specchat.spec.guessers import AutoGuesser, Guesser, NoGuesser
+from specchat.llama.template import Message
+from specchat.service.chat import ChatService
+from specchat.service.choices import ModelChoice
+from specchat.service.loader import load_pair
+from specchat.spec.engine import GenerationConfig, Stats, final
+from specchat.spec.guessers import AutoGuesser, build
 from specchat.tools.promptsets import load_prompts
 from specchat.tools.replay import modelled_seconds, oracle_lookup_seconds, tokens_per_step_formula
 
@@ -26,34 +29,33 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     if args.repeat < 1:
         raise SpecchatError(f"--repeat must be at least 1, got {args.repeat}")
     prompts = [item for path in args.prompts for item in load_prompts(path)]
-    pair = load_pair(choice)
-    target = pair.target
+    service = ChatService(load_pair(choice))
+    target = service.target
     # Today's costs, measured now: a machine's speed drifts (a cached curve here once put 2
     # positions at 1.55 single steps; the same machine later took 1.9), and both auto and the
     # oracle bound judge by it. The bound keeps this measurement; auto starts from its own copy.
-    curve = pair.curve(fresh=True)
-    guessers: dict[str, Guesser] = {"plain": NoGuesser()}
-    guessers.update({name: pair.guesser(name) for name in args.guesser})
-    engine, prompter = Engine(target), ChatPrompter(target)
-    # The same controller (lookup only), replayed on plain's text at the curve's costs: its choices
-    # judged without timing noise, next to the oracle bound that uses that text and curve too.
-    modelled = AutoGuesser(curve.copy(), piece=target.piece)
+    curve = service.pair.curve(fresh=True)
+    guessers = {"plain": "none", **{name: name for name in args.guesser}}
     oracle: dict[str, list[tuple[float, float, float]]] = defaultdict(list)  # task -> plain, oracle, auto s
     # runs[task][guesser][repeat] -> list of Stats over that task's prompts
     runs: dict[str, dict[str, list[list[Stats]]]] = defaultdict(
         lambda: {g: [[] for _ in range(args.repeat)] for g in guessers})
     for n, (task, text) in enumerate(prompts, 1):
-        prompt = prompter.tokens([Message("user", text)])
+        # Each prompt is a new conversation, so every guesser starts afresh, as in the app and `generate`.
+        messages = [Message("user", text)]
         for rep in range(args.repeat):
-            for name, guesser in guessers.items():
-                engine.guesser = guesser
-                done = final(engine.generate(prompt, config))
-                runs[task][name][rep].append(done.stats)
-                if name == "plain" and rep == 0:
-                    seq = prompt + list(done.token_ids)
+            for label, name in guessers.items():
+                done = final(service.chat(messages, config, name))
+                runs[task][label][rep].append(done.stats)
+                if label == "plain" and rep == 0:
+                    prompt = done.stats.n_prompt
+                    seq = service.last_prompt + list(done.token_ids)
+                    # The same controller (lookup only), replayed on plain's text at the curve's costs: its
+                    # choices judged without timing noise, next to the oracle bound on that text and curve.
+                    modelled = AutoGuesser(curve.copy(), piece=target.piece)
                     oracle[task].append((float(curve.verify(1)) * len(done.token_ids),
-                                         oracle_lookup_seconds(seq, len(prompt), curve),
-                                         modelled_seconds(seq, len(prompt), modelled, curve)))
+                                         oracle_lookup_seconds(seq, prompt, curve),
+                                         modelled_seconds(seq, prompt, modelled, curve)))
         print(f"  prompt {n}/{len(prompts)} ({task}) done", file=sys.stderr)
 
     report: dict[str, dict[str, dict[str, float]]] = {}
@@ -63,7 +65,8 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
         for name, reps in by_guesser.items():
             pooled = [s for rep in reps for s in rep]
             total = _total(pooled)
-            k = config.draft_length if config.draft_length is not None else guessers[name].default_draft_length
+            k = config.draft_length if config.draft_length is not None else \
+                build(guessers[name], service.pair).default_draft_length
             tps = [_tps(r) for r in reps]
             report[task][name] = {
                 "acceptance": total.acceptance,
@@ -85,9 +88,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
 
 
 def _total(stats: list[Stats]) -> Stats:
-    return Stats(n_tokens=sum(s.n_tokens for s in stats), steps=sum(s.steps for s in stats),
-                 drafted=sum(s.drafted for s in stats), accepted=sum(s.accepted for s in stats),
-                 rejections=sum(s.rejections for s in stats))
+    return functools.reduce(Stats.plus, stats, Stats())
 
 
 def _tps(stats: list[Stats]) -> float:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from specchat.loader import ModelChoice, load_pair
 from specchat.models.fetch import Progress
+from specchat.service.choices import ModelChoice
+from specchat.service.loader import load_pair
 
 
 def run_costs(choice: ModelChoice, remeasure: bool, progress: Progress | None = None) -> int:
@@ -16,4 +17,14 @@ def run_costs(choice: ModelChoice, remeasure: bool, progress: Progress | None = 
     if pair.draft is not None:
         print(f"draft {pair.draft.name}: {1000 * curve.draft_s:.1f} ms per token, "
               f"{curve.draft_s / one:.2f}x a target step")
+    if pair.mtp is not None:
+        print(f"MTP layers: {1000 * curve.mtp_s:.1f} ms per token, {curve.mtp_s / one:.2f}x a target step")
+    r, memory = curve.rollback, pair.target.memory.value
+    if r is None:
+        print(f"rollback ({memory}): a rejected guess is cut from the cache, at no cost")
+    else:
+        free = f"; up to {r.free_depth} positions come back free (llama.cpp's snapshots)" if r.free_depth else ""
+        print(f"rollback ({memory}): saving the state {1000 * r.save_s:.2f} ms "
+              f"({pair.target.session.stats.checkpoint_bytes / 1024:,.0f} KiB), restoring it {1000 * r.restore_s:.2f} ms, "
+              f"then the kept tokens are decoded again{free}")
     return 0

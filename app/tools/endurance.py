@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from specchat.loader import ModelChoice
+from specchat.service.choices import ModelChoice
 from specchat.store.conversations import Store
 
 PROMPTS = [
@@ -218,10 +218,9 @@ def _record_ids(backend, report: Report) -> None:
     chat = backend.chat
 
     def recording(messages, config, guesser, cancel):
-        report.prompt_ids = list(backend.prompter.tokens(list(messages)))  # what chat() will render
         for event in chat(messages, config, guesser, cancel):
             if isinstance(event, Done):
-                report.final_ids = list(event.token_ids)
+                report.prompt_ids, report.final_ids = list(backend.service.last_prompt), list(event.token_ids)
             yield event
     backend.chat = recording
 
@@ -235,7 +234,7 @@ def explain_divergence(choice: ModelChoice, prompt: list[int], ours: list[int], 
     import numpy as np
 
     from specchat.llama.model import Model
-    from specchat.loader import DEFAULT_CONTEXT, model_paths
+    from specchat.service.loader import DEFAULT_CONTEXT, model_paths
 
     i = next((i for i, (a, b) in enumerate(zip(ours, fresh)) if a != b), min(len(ours), len(fresh)))
     if i == min(len(ours), len(fresh)):

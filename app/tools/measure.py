@@ -17,9 +17,11 @@ from typing import Any
 import numpy as np
 
 from specchat.errors import SpecchatError
-from specchat.llama.template import ChatPrompter, Message
-from specchat.loader import ModelChoice, load_pair
-from specchat.spec.engine import Engine, GenerationConfig, final
+from specchat.llama.template import Message
+from specchat.service.chat import ChatService
+from specchat.service.choices import ModelChoice
+from specchat.service.loader import load_pair
+from specchat.spec.engine import GenerationConfig, final
 from specchat.spec.policy import MATCH_BUCKETS, match_bucket
 from specchat.spec.sampling import SamplingConfig
 from specchat.tools.promptsets import load_prompts
@@ -33,24 +35,23 @@ from specchat.tools.replay import (
 )
 
 
-def _answer(engine: Engine, prompt: list[int], max_tokens: int, sampling: SamplingConfig) -> list[int]:
-    ids = list(final(engine.generate(prompt, GenerationConfig(sampling, max_tokens))).token_ids)
-    return ids[:-1] if ids and engine.target.is_eog(ids[-1]) else ids
+def _answer(service: ChatService, text: str, max_tokens: int, sampling: SamplingConfig) -> tuple[list[int], list[int]]:
+    """The target's own answer to the prompt, plainly decoded: (prompt tokens, answer tokens, no end token)."""
+    ids = list(final(service.chat([Message("user", text)], GenerationConfig(sampling, max_tokens), "none")).token_ids)
+    return service.last_prompt, ids[:-1] if ids and service.target.is_eog(ids[-1]) else ids
 
 
 def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
-    pair = load_pair(choice)
-    target, draft = pair.target, pair.draft
+    service = ChatService(load_pair(choice))
+    target, draft = service.target, service.pair.draft
     if draft is None:
         raise SpecchatError("measure needs a draft model: use a --pair or pass --draft")
-    engine, prompter = Engine(target), ChatPrompter(target)
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     per_prompt: dict[str, list[float]] = defaultdict(list)  # greedy agreement of each prompt
     for n, (task, text) in enumerate([item for path in args.prompts for item in load_prompts(path)]):
-        prompt = prompter.tokens([Message("user", text)])
         s = sums[task]
         for kind, sampling in (("greedy", SamplingConfig()), ("sampled", SamplingConfig(1.0, seed=args.seed + n))):
-            answer = _answer(engine, prompt, args.max_tokens, sampling)
+            prompt, answer = _answer(service, text, args.max_tokens, sampling)
             if not answer:
                 continue
             p, q = position_probs(target, prompt, answer), position_probs(draft, prompt, answer)

@@ -1,28 +1,55 @@
-"""specchat's terminal app: the models, the settings and the store, under the chat screen.
+"""specchat's terminal app: the backend, the settings and the store, under the chat screen.
 
-The App loads a backend (in a worker, through a factory that tests replace), applies settings and
-opens the rewrite screen; everything about chatting lives in `ChatScreen`.
+The App opens a backend in a worker (through a factory that tests replace), which reports back with
+messages; it applies settings and opens the rewrite screen. Everything about chatting lives in
+`ChatScreen`, and every user choice about models goes through `specchat.service.choices`.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterable
 
-from textual import work
+from textual import on, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.message import Message as TMessage
+from textual.screen import Screen
 from textual.widgets import ProgressBar
 
-from specchat.backend import Backend, BackendFactory, EngineBackend
 from specchat.errors import SpecchatError
-from specchat.loader import ModelChoice
 from specchat.models.catalog import Catalog, load_catalog
-from specchat.remote import RemoteBackend, RemoteChoice
+from specchat.service.backend import Backend, BackendFactory, open_backend
+from specchat.service.choices import ModelChoice, RemoteChoice, where_to_chat
 from specchat.store.conversations import Store
+from specchat.store.files import log_path
 from specchat.store.settings import Settings, load_settings, save_settings
-from specchat.ui.chat import ChatScreen, ConversationSearch
+from specchat.ui.chat import ChatScreen
+from specchat.ui.conversations import ConversationSearch
 from specchat.ui.screens import ErrorScreen, HelpScreen, SettingsScreen
+
+# Settings whose change means other models (or another server) must be loaded.
+RELOAD = ("pair", "context", "threads", "gpu_layers", "draft_gpu_layers", "server")
+
+
+class BackendProgress(TMessage):
+    def __init__(self, what: str, done: int, total: int) -> None:
+        super().__init__()
+        self.what, self.done, self.total = what, done, total
+
+
+class BackendReady(TMessage):
+    def __init__(self, backend: Backend) -> None:
+        super().__init__()
+        self.backend = backend
+
+
+class BackendFailed(TMessage):
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
 
 
 class SpecchatApp(App[None]):
@@ -37,12 +64,12 @@ class SpecchatApp(App[None]):
         Binding("ctrl+q", "quit", "Quit"),
     ]
 
-    def __init__(self, choice: ModelChoice | None = None, backend_factory: BackendFactory = EngineBackend,
+    def __init__(self, choice: ModelChoice | None = None, backend_factory: BackendFactory = open_backend,
                  store: Store | None = None, settings_path: Path | None = None,
                  rewrite_file: Path | None = None, remote: RemoteChoice | None = None,
                  api_key: str | None = None) -> None:
         super().__init__()
-        self.choice = choice or ModelChoice()
+        self.choice = choice or ModelChoice()  # what the command line said; the settings fill the rest
         # The command line's --server wins over the server setting, until Settings changes that setting.
         # The API key (--api-key or SPECCHAT_API_KEY) lives only in memory, never in the settings file.
         self.remote, self.api_key = remote, api_key
@@ -76,6 +103,7 @@ class SpecchatApp(App[None]):
         return self.chat.busy
 
     def on_mount(self) -> None:
+        _log_to_file()
         if self.store.notice:
             self.notify(self.store.notice, severity="error", timeout=30)
         for problem in self._settings_problems:
@@ -92,60 +120,63 @@ class SpecchatApp(App[None]):
         if getattr(self, "_remember_theme", False) and theme != self.settings.theme:
             self.apply_settings(replace(self.settings, theme=theme))
 
-    # --- models ---------------------------------------------------------------------------
+    # --- the backend ------------------------------------------------------------------------
+
+    def load_backend(self) -> None:
+        """Open the backend the command line and the settings choose, in a worker; the old one is freed
+        there first (after any answer it is writing: closing waits for it)."""
+        old, self.backend, self.ready = self.backend, None, False
+        self._open_backend(old, where_to_chat(self.choice, self.remote, self.settings, self.api_key))
 
     @work(thread=True, exclusive=True, group="load")
-    def load_backend(self) -> None:
-        self.ready = False
-        choice = self.choice
-        if self.settings.pair and choice.target is None and choice.pair is None:
-            choice = replace(choice, pair=self.settings.pair)
-        if self.settings.offline:  # the setting adds to HF_HUB_OFFLINE; it never turns it off
-            choice = replace(choice, offline=True)
-        # The command line's options win; what it leaves open comes from the settings.
-        s = self.settings
-        choice = replace(choice, n_ctx=choice.n_ctx or s.context, threads=choice.threads or s.threads or None,
-                         gpu_layers=s.gpu_layers if choice.gpu_layers is None else choice.gpu_layers,
-                         draft_gpu_layers=s.draft_gpu_layers if choice.draft_gpu_layers is None
-                         else choice.draft_gpu_layers)
-        if self.backend is not None:  # another pair: free the old one first (after any answer it is writing)
-            self.backend.close()
-            self.backend = None
-        remote = self.remote or (RemoteChoice(s.server, self.api_key) if s.server else None)
+    def _open_backend(self, old: Backend | None, choice: ModelChoice | RemoteChoice) -> None:
+        # The messages go to the chat screen, which shows the progress, and bubble up to the App: they are
+        # handled only once that screen is there, however fast a backend loads.
+        post = self.chat.post_message
+        if old is not None:
+            old.close()
         try:
-            backend = RemoteBackend(remote) if remote is not None else self.backend_factory(choice)
-            backend.load(lambda what, done, total: self.call_from_thread(self._progress, what, done, total))
+            backend = self.backend_factory(choice)
+            backend.load(lambda what, done, total: post(BackendProgress(what, done, total)))
         except SpecchatError as e:
-            self.call_from_thread(self.fail, str(e))
+            post(BackendFailed(str(e)))
             return
         except OSError as e:  # a full disk or an unreadable file while fetching or loading
-            self.call_from_thread(self.fail, f"{e.strerror or e}: {e.filename or ''}".strip(": "))
+            post(BackendFailed(f"{e.strerror or e}: {e.filename or ''}".strip(": ")))
             return
-        self.call_from_thread(self._backend_ready, backend)
+        post(BackendReady(backend))
 
-    def _progress(self, what: str, done: int, total: int) -> None:
+    @on(BackendProgress)
+    def _backend_progress(self, message: BackendProgress) -> None:
         bar = self.chat.query_one("#progress", ProgressBar)
-        bar.display = done < total
+        bar.display = message.done < message.total
         # Steps without a size (loading, measuring) show as an indeterminate bar with what is happening.
-        bar.update(total=total if total > 1 else None, progress=done)
-        self.chat.status(what + ("…" if done < total else ""))
+        bar.update(total=message.total if message.total > 1 else None, progress=message.done)
+        self.chat.status(message.what + ("…" if message.done < message.total else ""))
+
+    @on(BackendFailed)
+    def _backend_failed(self, message: BackendFailed) -> None:
+        self.fail(message.message)
 
     def fail(self, message: str) -> None:
         self.chat.query_one("#progress").display = False
         self.chat.status(f"error: {message}")
         self.push_screen(ErrorScreen(message))
 
-    def _backend_ready(self, backend: Backend) -> None:
-        self.backend, self.ready = backend, True
-        if self.settings.guesser == "draft" and not backend.has_draft:
+    @on(BackendReady)
+    def _backend_ready(self, message: BackendReady) -> None:
+        backend = self.backend = message.backend
+        self.ready = True
+        if self.settings.guesser not in backend.guessers:  # e.g. draft, on a pair whose draft was left out
             self.settings = replace(self.settings, guesser="auto")
         self.chat.query_one("#progress").display = False
         for warning in backend.warnings:  # e.g. the draft failed to load: lookup and plain decoding still work
             self.notify(warning, severity="warning", timeout=20)
-        only = " · lookup and plain decoding only (see the notice)" if backend.warnings and not backend.has_draft else ""
-        if isinstance(backend, RemoteBackend):
-            self.chat.status(f"ready · remote · {backend.name}")
+        if backend.server is not None:
+            self.chat.status(f"ready · {backend.name}")
         else:
+            only = " · lookup and plain decoding only (see the notice)" if backend.warnings and \
+                "draft" not in backend.guessers else ""
             self.chat.status(f"ready · guesser {self.settings.guesser} · {backend.name}{only}")
         self.chat.reset_stats()
         self.chat.show_context(None)
@@ -158,22 +189,23 @@ class SpecchatApp(App[None]):
 
     def action_settings(self) -> None:
         if self.catalog is None:
+            self.notify("The model catalog could not be read (see the error); fix it and restart", severity="error")
             return
         try:
             self.catalog = load_catalog()  # `specchat add` in another terminal may have changed it
         except SpecchatError as e:
             self.notify(str(e), severity="error", timeout=20)
         compatibility = {}
-        if self.backend is not None and self.ready:
+        if self.backend is not None and self.ready and self.backend.server is None:
             name = self.settings.pair or self.catalog.default_pair
-            compatibility[name] = "draft compatible (checked on load)" if self.backend.has_draft else "no draft"
-        self.push_screen(SettingsScreen(self.settings, self.catalog, compatibility), self.apply_settings)
+            compatibility[name] = "draft compatible (checked on load)" if "draft" in self.backend.guessers else "no draft"
+        guessers = self.backend.guessers if self.backend is not None and self.ready else None
+        self.push_screen(SettingsScreen(self.settings, self.catalog, compatibility, guessers), self.apply_settings)
 
     def apply_settings(self, settings: Settings | None) -> None:
         if settings is None:
             return
-        reload = any(getattr(settings, key) != getattr(self.settings, key)
-                     for key in ("pair", "context", "threads", "gpu_layers", "draft_gpu_layers", "server"))
+        reload = any(getattr(settings, key) != getattr(self.settings, key) for key in RELOAD)
         if settings.server != self.settings.server:
             self.remote = None  # the setting now says where to chat: this machine, or that server
         self.settings = settings
@@ -201,9 +233,34 @@ class SpecchatApp(App[None]):
             return
         self.push_screen(screen)
 
-    def get_system_commands(self, screen):
+    # --- the command palette ----------------------------------------------------------------
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        for binding in [*self.chat.BINDINGS, *self.BINDINGS]:
-            if binding.action != "quit":
-                yield SystemCommand(binding.description, f"{binding.description} ({binding.key})",
-                                    lambda action=binding.action: self.chat.run_action(action))
+        # Every key's action, run where it is defined: the chat screen's, or the App's own.
+        for namespace, bindings in ((self.chat, self.chat.BINDINGS), (self, self.BINDINGS)):
+            for binding in bindings:
+                if binding.action != "quit":
+                    yield SystemCommand(binding.description, f"{binding.description} ({binding.key})",
+                                        lambda ns=namespace, action=binding.action: self._command(ns, action))
+
+    async def _command(self, namespace: App | Screen, action: str) -> None:
+        """Run a palette command, or say why it cannot run now (the key would be disabled)."""
+        why = self.chat.disabled_reason(action) if namespace is self.chat else None
+        if why is not None:
+            self.notify(f"Cannot {action.replace('_', ' ')} now: {why}", severity="warning")
+            return
+        await namespace.run_action(action)
+
+
+def _log_to_file() -> None:
+    """Errors that are bugs go, with their traceback, to a log file rather than over the screen."""
+    logger = logging.getLogger("specchat")
+    if not any(isinstance(h, logging.FileHandler) for h in logger.handlers):
+        try:
+            log_path().parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(log_path(), encoding="utf-8")
+        except OSError:  # a read-only home: the message on screen still says what happened
+            return
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+        logger.addHandler(handler)

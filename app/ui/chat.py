@@ -1,60 +1,42 @@
-"""The chat screen: conversations, the streaming answer, and speculation shown live.
+"""The chat screen: the conversation, the streaming answer, and speculation shown live.
 
-The screen owns the chat's keys. While an answer streams (`busy`) the actions that would start
-another generation or leave the conversation are disabled through `check_action`, so the engine
-never runs two generations at once and the streaming answer is never lost.
+The screen draws; the conversation's store calls are a `ConversationController`'s, the list of
+conversations is a `ConversationList`'s. It owns the chat's keys: while an answer streams (`busy`)
+the actions that would start another generation or leave the conversation are disabled through
+`check_action`, so the engine never runs two generations at once and the streaming answer is never
+lost; `disabled_reason` says why, for the command palette.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
-from rich.text import Text
 from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.command import Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message as TMessage
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Label, ListItem, ListView, ProgressBar, Static, TextArea
+from textual.widgets import Footer, Header, ProgressBar, Static, TextArea
 from textual.widgets.markdown import MarkdownFence
 
-from specchat.documents import read_document
 from specchat.errors import SpecchatError
-from specchat.llama.template import Message
-from specchat.spec.guessers import GUESSERS
-from specchat.store.files import atomic_write
+from specchat.service.conversation import ConversationController
+from specchat.service.documents import read_document
+from specchat.spec.engine import ENGINE_FIGURES
+from specchat.ui.conversations import ConversationList
 from specchat.ui.screens import ConfirmScreen, PromptScreen
 from specchat.ui.streaming import GenerationBatch, Pump
-from specchat.ui.widgets import STREAMING, MessageView, StatsPanel, code_blocks, summary_line
+from specchat.ui.widgets import MessageView, StatsPanel, code_blocks
 
 if TYPE_CHECKING:
     from specchat.ui.app import SpecchatApp
 
-_SAVE_INTERVAL_S = 0.25  # how often a streaming answer is written to the database
 CONTEXT_WARNING = 0.8  # share of the context after which the meter warns that old turns will be left out
-
-
-def remote_server(backend: object) -> str | None:
-    """The server a remote backend talks to; None for this machine's engine (or no backend yet)."""
-    return getattr(backend, "server", None)
-
-
-class ConversationItem(ListItem):
-    # No DOM id: the list is cleared and refilled, and a cleared item is removed only later,
-    # so a quick second refresh would otherwise collide with ids still in the tree.
-    def __init__(self, conversation_id: int, title: str, server: str | None = None) -> None:
-        # A conversation answered by a remote server says which, under its title.
-        super().__init__(Label(Text.assemble(title, ("\n⇄ " + urlsplit(server).netloc, "dim")) if server else title))
-        self.conversation_id = conversation_id
 
 
 class ChatInput(TextArea):
@@ -123,43 +105,47 @@ class ChatScreen(Screen[None]):
     # answer's conversation away from under it), and what needs the models loaded.
     NOT_WHILE_BUSY = {"new_chat", "regenerate", "edit_last", "cycle_guesser", "delete_chat", "rewrite", "attach",
                       "search"}
-    NEEDS_MODELS = {"regenerate", "rewrite"}
+    NEEDS_MODELS = {"regenerate", "rewrite", "cycle_guesser"}
 
     busy: reactive[bool] = reactive(False, bindings=True)
     """An answer is streaming."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.conversation_id: int | None = None
+        self.conversation: ConversationController | None = None
         self.cancel = threading.Event()
         self.provenance = False
         self.attachments: list[tuple[Path, str]] = []  # files for the next message: (path, text)
         self._code_cursor = -1  # which code block of the last answer F3 copied last
-        self._answer: tuple[MessageView, int, list[str]] | None = None  # view, stored id, notices
-        self._saved = float("-inf")
+        self._answer: tuple[MessageView, list[str]] | None = None  # the streaming answer's view, its notices
 
     @property
     def chat_app(self) -> SpecchatApp:
         return self.app  # type: ignore[return-value]
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+    @property
+    def conversation_id(self) -> int | None:
+        return self.conversation.id if self.conversation is not None else None
+
+    def disabled_reason(self, action: str) -> str | None:
+        """Why an action cannot run now, in words for the user; None if it can."""
         if action == "stop":
-            return True if self.busy else None
+            return None if self.busy else "nothing is being generated"
         if action in self.NOT_WHILE_BUSY and self.busy:
-            return None  # shown, but disabled
+            return "an answer is streaming: Esc stops it"
         if action in self.NEEDS_MODELS and not self.chat_app.ready:
-            return None
-        return True
+            return "the models are still loading"
+        return None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return None if self.disabled_reason(action) else True  # None: shown, but disabled
 
     # --- layout ---------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal():
-            with Vertical(id="sidebar"):
-                yield Label("Conversations", classes="title")
-                yield Input(placeholder="Search (Ctrl+F)", id="search")
-                yield ListView(id="conversations")
+            yield ConversationList(self.chat_app.store, id="sidebar")
             with Vertical(id="main"):
                 yield VerticalScroll(id="chat")
                 yield Static("", id="status")
@@ -171,9 +157,7 @@ class ChatScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#chat", VerticalScroll).anchor()
-        self.refresh_conversations()
-        conversations = self.chat_app.store.conversations()
-        self.open(conversations[0].id if conversations else self.chat_app.store.new_conversation().id)
+        self.open(ConversationController.latest(self.chat_app.store))
         self.query_one("#input").focus()
 
     def status(self, text: str) -> None:
@@ -181,48 +165,32 @@ class ChatScreen(Screen[None]):
 
     # --- conversations --------------------------------------------------------------------
 
-    def refresh_conversations(self, query: str = "") -> None:
-        view = self.query_one("#conversations", ListView)
-        view.clear()
-        store = self.chat_app.store
-        for conv in store.search(query) if query else store.conversations():
-            view.append(ConversationItem(conv.id, conv.title, conv.server))
+    def refresh_conversations(self) -> None:
+        self.query_one(ConversationList).refresh_list()
 
-    def open(self, conversation_id: int) -> None:
-        self.conversation_id = conversation_id
+    def open(self, conversation: ConversationController) -> None:
+        self.conversation = conversation
         chat = self.query_one("#chat", VerticalScroll)
         chat.remove_children()
-        messages = self.chat_app.store.messages(conversation_id)
-        for m in messages:
+        for m in conversation.messages():
             chat.mount(MessageView(m.role, m.content, (m.stats or {}).get("summary", ""), m.status))
         chat.scroll_end(animate=False)
-        server = self.chat_app.store.server(conversation_id)
-        self.sub_title = f"answered by {server}" if server else ""
+        self.sub_title = f"answered by {conversation.server}" if conversation.server else ""
         self.show_context(None)
 
-    @on(ListView.Selected, "#conversations")
-    def _selected(self, event: ListView.Selected) -> None:
-        if not self.busy and isinstance(event.item, ConversationItem):
-            self.open(event.item.conversation_id)
-
-    @on(Input.Changed, "#search")
-    def _search(self, event: Input.Changed) -> None:
-        self.refresh_conversations(event.value.strip())
-
-    def action_search(self) -> None:
-        self.query_one("#search", Input).focus()
-
-    def open_found(self, conversation_id: int) -> None:
+    @on(ConversationList.Chosen)
+    def _chosen(self, event: ConversationList.Chosen) -> None:
         if self.busy:
             self.notify("An answer is streaming: Esc stops it, then open the conversation", severity="warning")
         else:
-            self.open(conversation_id)
+            self.open(ConversationController(self.chat_app.store, event.conversation_id))
 
-    def history(self) -> list[Message]:
-        assert self.conversation_id is not None
-        system = self.chat_app.settings.system_prompt
-        messages = [Message("system", system)] if system else []
-        return messages + [Message(m.role, m.content) for m in self.chat_app.store.messages(self.conversation_id)]
+    def action_search(self) -> None:
+        self.query_one(ConversationList).focus_search()
+
+    def history(self):  # type: ignore[no-untyped-def]
+        assert self.conversation is not None
+        return self.conversation.history(self.chat_app.settings.system_prompt)
 
     # --- the context meter -------------------------------------------------------------------
 
@@ -235,7 +203,7 @@ class ChatScreen(Screen[None]):
             return
         estimated = used is None
         if used is None:
-            used = sum(backend.count_tokens(m.content) + 4 for m in self.history()) if self.conversation_id else 0
+            used = sum(backend.count_tokens(m.content) + 4 for m in self.history()) if self.conversation else 0
         share = used / backend.n_ctx
         text = f"context {'≈' if estimated else ''}{used:,} / {backend.n_ctx:,} tokens ({share:.0%})"
         if share >= CONTEXT_WARNING:
@@ -260,21 +228,19 @@ class ChatScreen(Screen[None]):
         box = self.query_one("#input", ChatInput)
         box.remember(text)
         box.clear()
-        assert self.conversation_id is not None
-        store = self.chat_app.store
-        if not store.messages(self.conversation_id):
-            store.rename(self.conversation_id, text.splitlines()[0][:40])
-            self.refresh_conversations()
-        content = attach(text, self.attachments)
+        assert self.conversation is not None
+        first = not self.conversation.messages()
+        content = self.conversation.add_user(text, self.attachments)
+        if first:
+            self.refresh_conversations()  # its first message named it
         self.attachments = []
         self.query_one(StatsPanel).attached([])
-        store.add_message(self.conversation_id, "user", content)
         await self.query_one("#chat").mount(MessageView("user", content))
         await self.answer()
 
     async def answer(self) -> None:
         app = self.chat_app
-        assert self.conversation_id is not None and app.backend is not None
+        assert self.conversation is not None and app.backend is not None
         view = MessageView("assistant")
         chat = self.query_one("#chat", VerticalScroll)
         # Mounted before anything streams into it: the Markdown body's first (empty) render, run on
@@ -282,24 +248,21 @@ class ChatScreen(Screen[None]):
         await chat.mount(view)
         chat.anchor()
         self.busy = True
-        settings = app.settings
         self.reset_stats()
-        server = remote_server(app.backend)
+        server = app.backend.server
         self.status(f"generating on {server}… (Esc stops)" if server else
-                    f"generating with {settings.guesser}… (Esc stops)")
+                    f"generating with {app.settings.guesser}… (Esc stops)")
         history = self.history()
-        if server is not None and app.store.server(self.conversation_id) != server:
-            app.store.set_server(self.conversation_id, server)  # the conversation says where its answers came from
+        marked = self.conversation.server
+        self.conversation.begin_answer(app.backend.name, server)
+        if server is not None and marked != server:  # the conversation says where its answers came from
             self.sub_title = f"answered by {server}"
             self.refresh_conversations()
-        # Stored before the first token and updated as it streams: if specchat is killed, the
-        # answer so far survives, marked partial.
-        answer_id = app.store.add_message(self.conversation_id, "assistant", "", "partial", model=app.backend.name)
-        self._answer, self._saved = (view, answer_id, []), float("-inf")
+        self._answer = (view, [])
         self._generate(history)
 
     @work(thread=True, group="generate")
-    def _generate(self, history: list[Message]) -> None:
+    def _generate(self, history) -> None:  # type: ignore[no-untyped-def]
         app, settings = self.chat_app, self.chat_app.settings
         assert app.backend is not None
         Pump(self).run(app.backend.chat(history, settings.generation(), settings.guesser, self.cancel))
@@ -311,58 +274,43 @@ class ChatScreen(Screen[None]):
             batch.handled()
 
     def reset_stats(self) -> None:
-        """Clear the panel for the next answer (or a new backend): a remote one is labelled as such."""
+        """Clear the panel for the next answer (or a new backend). A server runs the guesser it is asked
+        for, if it can; the panel says so."""
         backend, settings = self.chat_app.backend, self.chat_app.settings
         if backend is None:
             return
-        remote = remote_server(backend) is not None
-        self.query_one(StatsPanel).reset(backend.name, backend.baseline(), f"{settings.guesser} (asked)" if remote else
-                                         settings.guesser, STREAMING if remote else "")
+        guesser = f"{settings.guesser} (asked)" if backend.server else settings.guesser
+        self.query_one(StatsPanel).reset(backend.name, backend.baseline(), guesser)
 
     async def _show(self, batch: GenerationBatch) -> None:
-        assert self._answer is not None
-        view, answer_id, notices = self._answer
-        store, stats, guesser = self.chat_app.store, self.query_one(StatsPanel), self.chat_app.settings.guesser
-        # A remote answer's figures are the server's; the summary names their source where a guesser would be.
-        figures = getattr(self.chat_app.backend, "figures", "") if remote_server(self.chat_app.backend) else ""
+        assert self._answer is not None and self.conversation is not None
+        view, notices = self._answer
+        stats = self.query_one(StatsPanel)
         if batch.prefill is not None:
             stats.prefill(batch.prefill.seconds)
         for text in batch.notices:
             notices.append(text)
             self.notify(text, severity="warning", timeout=10)
-        if batch.steps:
-            stats.add(batch.steps)
-            await view.append(batch.steps)
-            if time.monotonic() - self._saved >= _SAVE_INTERVAL_S:
-                store.update_message(answer_id, view.content)
-                self._saved = time.monotonic()
+        if batch.pieces:
+            stats.add(batch.pieces)
+            await view.append(batch.pieces)
+            self.conversation.stream(batch.text)
         if batch.last:
             stats.flush()
         if batch.done is not None:
             done = batch.done
-            if figures:
-                stats.finish(done.stats, figures)
-                guesser = figures
-            status = "stopped" if done.reason == "cancelled" else "complete"
-            # A notice (e.g. old turns dropped to fit the context) stays with the answer it concerns.
-            summary = " · ".join([summary_line(done.stats, guesser, done.reason), *notices])
-            await view.finish(done.text, summary, status)
+            stats.finish(done)
             # A stopped answer is kept, marked as such, so nothing the user saw is lost.
-            store.update_message(answer_id, done.text, status,
-                                 {"summary": summary, "reason": done.reason, "tokens": done.stats.n_tokens,
-                                  "acceptance": done.stats.acceptance, "guesser": guesser,
-                                  "tokens_per_s": done.stats.tokens_per_s,
-                                  "tokens_per_step": done.stats.tokens_per_step,
-                                  "wall_tokens_per_s": done.stats.wall_tokens_per_s})
-            source = f"figures: {figures}" if figures else f"guesser {guesser}"
-            self.status(f"{status if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates")
+            summary = self.conversation.finish(done, self.chat_app.settings.guesser, notices)
+            status = "stopped" if done.reason == "cancelled" else "complete"
+            await view.finish(done.text, summary, status)
+            source = f"guesser {self.chat_app.settings.guesser}" if done.figures == ENGINE_FIGURES else \
+                f"figures: {done.figures}"
+            self.status(f"{'stopped' if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates")
             self.show_context(done.stats.n_prompt + done.stats.n_tokens)
         elif batch.error is not None:
             # Whatever streamed before the failure stays, marked stopped; an empty answer goes.
-            if view.content:
-                store.update_message(answer_id, view.content, "stopped")
-            else:
-                store.delete_message(answer_id)
+            if not self.conversation.fail():
                 await view.remove()
             self.chat_app.fail(batch.error)
         if batch.last:
@@ -374,42 +322,37 @@ class ChatScreen(Screen[None]):
     def action_stop(self) -> None:
         self.cancel.set()
 
-    def _last(self, role: str):
-        store = self.chat_app.store
-        messages = store.messages(self.conversation_id) if self.conversation_id else []
-        return next((m for m in reversed(messages) if m.role == role), None), messages
-
     async def action_regenerate(self) -> None:
-        last, messages = self._last("assistant")
-        if last is None or messages[-1].id != last.id:
+        if self.conversation is None or not self.conversation.take_last_answer():
             self.notify("Nothing to regenerate")
             return
         self.busy, self.cancel = True, threading.Event()
-        self.chat_app.store.delete_message(last.id)
         await self.query(MessageView).last().remove()
         await self.answer()
 
     def action_edit_last(self) -> None:
-        last_user, messages = self._last("user")
-        if last_user is None:
+        text = self.conversation.take_last_message() if self.conversation is not None else None
+        if text is None:
             return
-        for m in messages[messages.index(last_user):]:
-            self.chat_app.store.delete_message(m.id)
-        self.open(self.conversation_id)
+        self.open(self.conversation)
         box = self.query_one("#input", ChatInput)
-        box.text = last_user.content
+        box.text = text
         box.focus()
 
+    def _last_answer(self) -> str | None:
+        last = self.conversation.last("assistant") if self.conversation is not None else None
+        return last.content if last is not None else None
+
     def action_copy_answer(self) -> None:
-        last, _ = self._last("assistant")
-        if last is not None:
-            self.app.copy_to_clipboard(last.content)  # OSC 52: works over SSH too
+        answer = self._last_answer()
+        if answer is not None:
+            self.app.copy_to_clipboard(answer)  # OSC 52: works over SSH too
             self.notify("Answer copied to the clipboard")
 
     def action_copy_code(self) -> None:
         """Copy the next code block of the last answer (F3 again: the one after it)."""
-        last, _ = self._last("assistant")
-        blocks = code_blocks(last.content) if last is not None else []
+        answer = self._last_answer()
+        blocks = code_blocks(answer) if answer is not None else []
         if not blocks:
             self.notify("The last answer has no code block")
             return
@@ -456,68 +399,40 @@ class ChatScreen(Screen[None]):
 
     def action_cycle_guesser(self) -> None:
         app = self.chat_app
-        has_draft = app.backend is not None and app.backend.has_draft
-        options = [g for g in GUESSERS if g != "draft" or has_draft]
+        options = app.backend.guessers if app.backend is not None else []
+        if not options:
+            return
         current = app.settings.guesser
         nxt = options[(options.index(current) + 1) % len(options)] if current in options else options[0]
         app.apply_settings(replace(app.settings, guesser=nxt))
 
     def action_new_chat(self) -> None:
-        conv = self.chat_app.store.new_conversation()
+        self.open(ConversationController.new(self.chat_app.store))
         self.refresh_conversations()
-        self.open(conv.id)
 
     def action_rename(self) -> None:
         def done(title: str | None) -> None:
-            if title and self.conversation_id is not None:
-                self.chat_app.store.rename(self.conversation_id, title)
+            if title and self.conversation is not None:
+                self.conversation.rename(title)
                 self.refresh_conversations()
         self.app.push_screen(PromptScreen("Rename conversation"), done)
 
     def action_delete_chat(self) -> None:
-        if self.conversation_id is None:
+        if self.conversation is None:
             return
 
         def done(yes: bool | None) -> None:
-            if yes:
-                store = self.chat_app.store
-                store.delete(self.conversation_id)
-                conversations = store.conversations()
-                self.open(conversations[0].id if conversations else store.new_conversation().id)
+            if yes and self.conversation is not None:
+                self.open(self.conversation.delete())
                 self.refresh_conversations()
         self.app.push_screen(ConfirmScreen("Delete this conversation? This cannot be undone."), done)
 
     def action_export(self) -> None:
-        if self.conversation_id is None:
-            return
-        store = self.chat_app.store
-        out = store.path.parent / "exports" / f"conversation-{self.conversation_id}.md"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out, store.export_markdown(self.conversation_id))
-        self.notify(f"Exported to {out}")
+        if self.conversation is not None:
+            self.notify(f"Exported to {self.conversation.export()}")
 
     def action_rewrite(self) -> None:
         def done(path: str | None) -> None:
             if path:
                 self.chat_app.open_rewrite(Path(path).expanduser())
         self.app.push_screen(PromptScreen("Document to rewrite (path)", complete_paths=True), done)
-
-
-class ConversationSearch(Provider):
-    """The command palette finds conversations by any word in them (full-text search)."""
-
-    async def search(self, query: str) -> Hits:
-        app = self.app
-        chat = app.screen_stack[0]
-        if not query.strip() or not isinstance(chat, ChatScreen):
-            return
-        for conv in app.store.search(query, limit=10):  # type: ignore[attr-defined]
-            yield Hit(1.0, f"Open conversation: {conv.title}", partial(chat.open_found, conv.id),
-                      help=f"holds “{query.strip()}”")
-
-
-def attach(text: str, files: list[tuple[Path, str]]) -> str:
-    """The message with its attached files ahead of it, each fenced and named, so the model can
-    refer to them and prompt lookup can copy from them."""
-    parts = [f"File `{path.name}`:\n\n````\n{content.rstrip()}\n````" for path, content in files]
-    return "\n\n".join([*parts, text])

@@ -1,7 +1,7 @@
 """The Models screen: add a model by path (with a file picker) or hub name, and pair a target with
 a draft from a list that holds only compatible drafts, saying why the others are missing.
 
-It does what `specchat add` and `specchat pair` do (specchat.manage), in threads: adding hashes
+It does what `specchat add` and `specchat pair` do (specchat.models.manage), in threads: adding hashes
 the file (or downloads it) and listing drafts reads every tokenizer on disk, neither of which
 may freeze the screen.
 """
@@ -19,9 +19,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DirectoryTree, Input, Label, Select, Static
 
 from specchat.errors import SpecchatError
-from specchat.manage import add_model, find_drafts, make_pair
 from specchat.models.catalog import Catalog, load_catalog, size_text
 from specchat.models.fetch import on_disk
+from specchat.models.manage import add_model, find_drafts, make_pair
 from specchat.ui.screens import PathSuggester
 
 NO_DRAFT = "-"  # the draft picker's "none": the target alone, with lookup
@@ -173,13 +173,18 @@ class ModelsScreen(ModalScreen[str | None]):
 
     def _show_drafts(self, candidates: list) -> None:
         usable = [c for c in candidates if c.compatible and c.name is not None]
+        own = bool(candidates) and candidates[0].own
         options = [(f"{c.name} ({size_text(c.size)})", c.name) for c in usable]
-        options.append(("none: prompt lookup and plain decoding", NO_DRAFT))
+        # A target with MTP layers drafts for itself: no file needed, and nothing drafts cheaper.
+        if own:
+            options.insert(0, ("none needed: its own MTP layers draft (the mtp guesser)", NO_DRAFT))
+        else:
+            options.append(("none: prompt lookup and plain decoding", NO_DRAFT))
         draft = self.query_one("#draft", Select)
         draft.set_options(options)
         draft.value = options[0][1]  # the smallest compatible draft, as `specchat pair` picks
         others = [f"{c.label}: {'not in the catalog (add it to use it)' if c.compatible else c.reason}"
-                  for c in candidates if not (c.compatible and c.name is not None)]
+                  for c in candidates if not (c.compatible and c.name is not None) and not c.own]
         self._say("#draft-notes", "Not offered:\n" + "\n".join(others) if others else "")
 
     def _pair(self) -> None:

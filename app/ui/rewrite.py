@@ -17,8 +17,9 @@ from textual.message import Message as TMessage
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, TextArea
 
-from specchat.backend import Backend
-from specchat.documents import (
+from specchat.errors import SpecchatError
+from specchat.service.backend import Backend
+from specchat.service.documents import (
     PRESETS,
     output_path,
     read_document,
@@ -28,7 +29,6 @@ from specchat.documents import (
     split_paragraphs,
     word_diff,
 )
-from specchat.errors import SpecchatError
 from specchat.store.settings import Settings
 from specchat.ui.screens import ConfirmScreen
 from specchat.ui.streaming import GenerationBatch, Pump
@@ -147,10 +147,12 @@ class RewriteScreen(Screen[None]):
 
     async def on_generation_batch(self, batch: GenerationBatch) -> None:
         try:
-            if batch.steps:
-                self.query_one(StatsPanel).add(batch.steps)
-                self._append("".join(step.text for step in batch.steps))
-            if batch.last:
+            if batch.pieces:
+                self.query_one(StatsPanel).add(batch.pieces)
+                self._append(batch.text)
+            if batch.done is not None:
+                self.query_one(StatsPanel).finish(batch.done)
+            elif batch.last:
                 self.query_one(StatsPanel).flush()
             if batch.done is not None and batch.done.reason != "cancelled":
                 self._append("\n\n")  # between parts; the finished rewrite replaces it all
@@ -173,8 +175,8 @@ class RewriteScreen(Screen[None]):
                                                                 for run, kind in word_diff(self.original, saved_form(text)))))
         self.query_one("#diff-pane").display = True
         totals = self.query_one(StatsPanel).totals
-        base = self.backend.baseline()
-        speed = f"{totals.tokens_per_s:.1f} tok/s" + (f", {totals.tokens_per_s / base.tokens_per_s:.2f}x plain decoding"
+        base = self.backend.baseline().tokens_per_s
+        speed = f"{totals.tokens_per_s:.1f} tok/s" + (f", {totals.tokens_per_s / base:.2f}x plain decoding"
                                                       if base else "")
         self._set_status(f"done: {totals.n_tokens} tokens, {speed} ({self.guesser}, {totals.tokens_per_step:.2f} tok/step). "
                          "Ctrl+S saves a new file, Ctrl+W overwrites the original")

@@ -121,9 +121,12 @@ class SettingsScreen(ModalScreen[Settings | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
-    def __init__(self, settings: Settings, catalog: Catalog, compatibility: dict[str, str]) -> None:
+    def __init__(self, settings: Settings, catalog: Catalog, compatibility: dict[str, str],
+                 guessers: list[str] | None = None) -> None:
         super().__init__()
         self.settings, self.catalog, self.compatibility = settings, catalog, compatibility
+        # What the loaded models can run (None: not known, every one is offered).
+        self.guessers = list(GUESSERS) if guessers is None else guessers
 
     def _pair_label(self, name: str) -> str:
         pair = self.catalog.pairs[name]
@@ -151,7 +154,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                              allow_blank=False)
                 yield Button("Models…", id="models")
             yield Label("Guesser")
-            yield Select([(g, g) for g in GUESSERS], value=s.guesser, id="guesser", allow_blank=False)
+            offered = self.guessers if s.guesser in self.guessers else [*self.guessers, s.guesser]
+            yield Select([(g, g) for g in offered], value=s.guesser, id="guesser", allow_blank=False)
             with Grid(classes="numbers"):
                 for key, label in (("temperature", "Temperature"), ("top_p", "Top-p"), ("top_k", "Top-k"),
                                    ("min_p", "Min-p"), ("max_tokens", "Max tokens"),

@@ -11,29 +11,41 @@ The chat and the rewrite screen both run generations this way.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from typing import Iterable
+from typing import Iterable, Union
 
 from textual.message import Message
 from textual.message_pump import MessagePump
 
-from specchat.backend import BackendEvent, Notice
 from specchat.errors import SpecchatError
+from specchat.service.backend import BackendEvent, Chunk
+from specchat.service.chat import Notice
 from specchat.spec.engine import Done, Prefill, Step
+from specchat.store.files import log_path
+
+log = logging.getLogger("specchat.ui")
 
 DRAW_INTERVAL_S = 0.1, 1.0  # redraw at most ten times a second, and at least once a second
 UI_SHARE = 0.05  # of a core, for the UI thread while an answer streams
 
 
+Piece = Union[Step, Chunk]  # what streams: the engine's steps, or a server's chunks of text
+
+
 class GenerationBatch(Message):
     """What a generation produced since the last batch. The handler must call `handled()`."""
 
-    def __init__(self, pump: Pump, steps: list[Step], prefill: Prefill | None, notices: list[str],
+    def __init__(self, pump: Pump, pieces: list[Piece], prefill: Prefill | None, notices: list[str],
                  done: Done | None, error: str | None) -> None:
         super().__init__()
-        self.pump, self.steps, self.prefill, self.notices = pump, steps, prefill, notices
+        self.pump, self.pieces, self.prefill, self.notices = pump, pieces, prefill, notices
         self.done, self.error = done, error
+
+    @property
+    def text(self) -> str:
+        return "".join(piece.text for piece in self.pieces)
 
     @property
     def last(self) -> bool:
@@ -66,21 +78,21 @@ class Pump:
     def run(self, events: Iterable[BackendEvent]) -> Done | None:
         """Consume `events` in the worker thread until the generation ends (its Done is returned)
         or fails (None: the UI got the error)."""
-        steps: list[Step] = []
+        pieces: list[Piece] = []
         prefill: Prefill | None = None
         notices: list[str] = []
         posted = float("-inf")
 
         def post(done: Done | None = None, error: str | None = None) -> None:
-            nonlocal steps, prefill, notices, posted
+            nonlocal pieces, prefill, notices, posted
             self.ready.clear()
-            self.target.post_message(GenerationBatch(self, steps, prefill, notices, done, error))
-            steps, prefill, notices, posted = [], None, [], time.monotonic()
+            self.target.post_message(GenerationBatch(self, pieces, prefill, notices, done, error))
+            pieces, prefill, notices, posted = [], None, [], time.monotonic()
 
         try:
             for event in events:
-                if isinstance(event, Step):
-                    steps.append(event)
+                if isinstance(event, (Step, Chunk)):
+                    pieces.append(event)
                 elif isinstance(event, Prefill):
                     prefill = event
                 elif isinstance(event, Notice):
@@ -88,13 +100,17 @@ class Pump:
                 elif isinstance(event, Done):
                     post(done=event)
                     return event
-                # The first step goes out at once, with the prefill (time to first token is what
+                # The first piece goes out at once, with the prefill (time to first token is what
                 # users feel); after it, only once the UI is ready for more.
-                first = posted == float("-inf") and steps
-                if first or (steps and self.ready.is_set() and time.monotonic() - posted >= self.interval):
+                first = posted == float("-inf") and pieces
+                if first or (pieces and self.ready.is_set() and time.monotonic() - posted >= self.interval):
                     post()
         except SpecchatError as e:
             post(error=str(e))
+            return None
+        except Exception as e:  # a bug, not the user's doing: said in one line, logged whole, the app goes on
+            log.exception("the generation failed")
+            post(error=f"internal error: {type(e).__name__}: {e} (the traceback is in {log_path()}; please report it)")
             return None
         post(error="the generation ended without finishing")  # a backend bug, reported rather than hung
         return None

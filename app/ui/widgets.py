@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 
 from markdown_it import MarkdownIt
 from rich.text import Text
@@ -11,8 +12,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
-from specchat.backend import Baseline
-from specchat.spec.engine import Source, Stats, Step
+from specchat.service.backend import Baseline, Chunk
+from specchat.spec.engine import ENGINE_FIGURES, Done, Source, Stats, Step
+from specchat.ui.streaming import Piece
 
 SOURCE_STYLE = {
     Source.DRAFT: "bold green",
@@ -25,19 +27,8 @@ LEGEND = Text.assemble(("accepted guess", SOURCE_STYLE[Source.DRAFT]), "  ",
                        ("bonus token", SOURCE_STYLE[Source.BONUS]), "  plain")
 
 
-# How an answer ended, when that is not the model's own choice: a cut answer always says so.
-ENDINGS = {"cancelled": "stopped", "max_tokens": "cut at the max_tokens setting",
-           "context_full": "cut: the context is full"}
 STATUS_LABELS = {"stopped": "  (stopped)", "partial": "  (interrupted: specchat closed while writing it)"}
-
-
-def summary_line(stats: Stats, guesser: str, reason: str) -> str:
-    ending = f"  [{ENDINGS[reason]}]" if reason in ENDINGS else ""
-    return (f"{stats.n_tokens} tokens · {stats.decode_s:.1f}s · {stats.tokens_per_s:.1f} tok/s · "
-            f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%} · {guesser}{ending}")
-
-
-STREAMING = "the stream, until the server reports"  # a remote answer's figures while it streams
+STREAMING = "the stream, until the server reports"  # figures of text that streams without its steps
 
 SPARK = " ▁▂▃▄▅▆▇█"
 # The numbers need not move faster than this while an answer streams: every redraw of the panel
@@ -78,9 +69,12 @@ class MessageView(Vertical):
         self.query_one(".provenance").display = False
         self.query_one(".summary").display = bool(self.summary)
 
-    async def append(self, steps: list[Step]) -> None:
-        text = "".join(s.text for s in steps)
-        self.tokens += [(t.text, t.source) for s in steps for t in s.tokens]
+    async def append(self, pieces: list[Piece]) -> None:
+        text = "".join(p.text for p in pieces)
+        # Provenance is known token by token for the engine's steps; a server's chunks are plain text.
+        for piece in pieces:
+            self.tokens += [(t.text, t.source) for t in piece.tokens] if isinstance(piece, Step) else \
+                [(piece.text, Source.PLAIN)]
         self.content += text
         if self._stream is None:
             self._stream = Markdown.get_stream(self.query_one(Markdown))
@@ -114,7 +108,10 @@ class MessageView(Vertical):
 
 
 class StatsPanel(Vertical):
-    """Speculation, live: speed, tokens per step, acceptance, draft length, measured speedup."""
+    """Speculation, live: speed, tokens per step, acceptance, draft length, measured speedup.
+
+    It shows what the stream carries: the engine's steps (everything), or a server's chunks of text
+    (their rate only) until its Done brings the figures the server reported, labelled with their source."""
 
     _shown_at = float("-inf")
 
@@ -138,16 +135,17 @@ class StatsPanel(Vertical):
         # before its Mount event is handled.
         self._show()
 
-    def reset(self, model: str, baseline: Baseline | None, guesser: str = "", figures: str = "") -> None:
-        """`figures` names where the numbers come from when that is not this machine's engine (a remote
-        server: its timings, its metrics, or the stream alone); "" for the engine, whose steps are its own."""
-        self._start(model, baseline, guesser, figures)
+    def reset(self, model: str, baseline: Baseline | None, guesser: str = "") -> None:
+        self._start(model, baseline, guesser)
         self._show()
 
-    def _start(self, model: str, baseline: Baseline | None, guesser: str = "", figures: str = "") -> None:
-        self.model, self.baseline, self.guesser, self.figures = model, baseline, guesser, figures
+    def _start(self, model: str, baseline: Baseline | None, guesser: str = "") -> None:
+        self.model, self.baseline, self.guesser = model, baseline, guesser
+        self.figures = ""  # where the numbers come from, when not from the engine's own steps
+        self.reported = Stats()  # what servers reported for the answers since the reset
         self.steps: list[Step] = []
-        self.totals = Stats()  # kept as steps arrive, so a redraw does not re-add them all
+        self.chunks = 0
+        self.totals = Stats()  # kept as pieces arrive, so a redraw does not re-add them all
         self.ttft: float | None = None
         self.prefill_s = 0.0
 
@@ -160,58 +158,66 @@ class StatsPanel(Vertical):
     def prefill(self, seconds: float) -> None:
         self.prefill_s = seconds
 
-    def add(self, steps: list[Step]) -> None:
-        """Count the steps; redraw at most every SHOW_INTERVAL_S (call `flush` at the end)."""
-        if self.ttft is None and steps:
-            self.ttft = self.prefill_s + steps[0].draft_s + steps[0].verify_s
-        self.steps += steps
-        for step in steps:
-            self.totals = self.totals.add_step(step)
+    def add(self, pieces: list[Piece]) -> None:
+        """Count what streamed; redraw at most every SHOW_INTERVAL_S (call `flush` at the end)."""
+        for piece in pieces:
+            if self.ttft is None:
+                self.ttft = self.prefill_s + (piece.draft_s + piece.verify_s if isinstance(piece, Step) else 0.0)
+            if isinstance(piece, Chunk):
+                # Tokens as the stream delivered them, about a token a chunk, until the server reports.
+                self.chunks += 1
+                self.figures = self.figures or STREAMING
+                self.totals = replace(self.totals, n_tokens=self.totals.n_tokens + 1,
+                                      verify_s=self.totals.verify_s + piece.seconds)
+            else:
+                self.steps.append(piece)
+                self.totals = self.totals.add_step(piece)
         if time.monotonic() - self._shown_at >= SHOW_INTERVAL_S:
             self._show()
 
     def flush(self) -> None:
         self._show()
 
-    def finish(self, stats: Stats, figures: str) -> None:
-        """A remote answer ended: show the figures the server reported for it (its streamed chunks
-        are not its steps), labelled with where they came from."""
-        self.totals, self.figures = stats, figures
+    def finish(self, done: Done) -> None:
+        """The answer ended: figures that are not the engine's own count (a server's report, or the
+        stream alone) replace what the stream suggested, labelled with where they came from."""
+        if done.figures != ENGINE_FIGURES:
+            # Rewrite mode shows the parts of one document together: what the server reported adds up.
+            self.reported = done.stats if self.figures in ("", STREAMING) else self.reported.plus(done.stats)
+            self.totals, self.figures = self.reported, done.figures
         self._show()
 
     def _show(self) -> None:
         self._shown_at = time.monotonic()
-        steps, t, remote = self.steps, self.totals, bool(self.figures)
-        base = self.baseline.tokens_per_s if self.baseline else 0.0
-        # A remote stream's steps are chunks: tokens per step and the draft length are the server's to
-        # tell, so they show only once it has (at the end of the answer), never as 1 token a chunk.
-        exact = not remote or self.figures != STREAMING
+        steps, t = self.steps, self.totals
+        base = self.baseline.tokens_per_s if self.baseline is not None else None
+        # Tokens per step, acceptance and the speedup are known from the engine's steps or from what a
+        # server reported at the end; a chunk of a stream is not a step.
+        known = bool(steps) or self.figures not in ("", STREAMING)
         lines = [
             f"model     {self.model}",
             f"guesser   {self.guesser}",
-            *([f"figures   {self.figures}"] if remote else []),
+            *([f"figures   {self.figures}"] if self.figures else []),
             f"tok/s     {t.tokens_per_s:6.1f}  (decode only)",
             f"first tok {self.ttft:6.2f}s" if self.ttft is not None else "first tok      –",
-            f"tok/step  {t.tokens_per_step:6.2f}" if t.steps and exact else "tok/step       –",
+            f"tok/step  {t.tokens_per_step:6.2f}" if t.steps and known else "tok/step       –",
             f"accept    {t.acceptance:6.0%}  ({t.accepted}/{t.drafted})" if t.drafted else "accept         –",
-            f"draft len {steps[-1].drafted:6d}" if steps and not remote else "draft len      –",
-            f"chunks    {len(steps):6d}" if remote else
+            f"draft len {steps[-1].drafted:6d}" if steps else "draft len      –",
             "steps     " + ", ".join(f"{n} {src}" for src, n in Counter(s.guesser for s in steps).most_common())
-            if steps else "steps          –",
-            f"speedup   {t.tokens_per_s / base:6.2f}x" if steps and base else "speedup        –",
+            if steps else f"chunks    {self.chunks:6d}" if self.chunks else "steps          –",
+            f"speedup   {t.tokens_per_s / base:6.2f}x" if known and base and t.n_tokens else "speedup        –",
         ]
         self.query_one("#numbers", Static).update("\n".join(lines))
         # The last steps that fit, on a fixed scale: none yet is an empty chart, not a full one.
         recent = [len(s.tokens) for s in steps[-28:]]
         top = max([*recent, 2])
-        unit = "tok/chunk (stream)" if remote else "tok/step"
-        self.query_one("#spark-caption", Static).update(f"{unit}, last {len(recent)} (top {top})"
+        self.query_one("#spark-caption", Static).update(f"tok/step, last {len(recent)} (top {top})"
                                                          if recent else "tokens per step")
         self.query_one("#spark", Static).update(sparkline(recent, top) if recent else "·")
         runs = Counter(s.accepted for s in steps if s.drafted)
         top = max(runs.values(), default=1)
         self.query_one("#runs", Static).update(
             "\n".join(f"{k:2d} {'█' * max(1, round(12 * v / top))} {v}" for k, v in sorted(runs.items())) or "–")
-        how = (f"baseline {base:.1f} tok/s: {self.baseline.how}" if self.baseline else
-               "baseline: none (the server's plain speed is not known here)" if remote else "baseline: not measured yet")
+        how = "baseline: not measured yet" if self.baseline is None else \
+            f"baseline {base:.1f} tok/s: {self.baseline.how}" if base else f"baseline: {self.baseline.how}"
         self.query_one("#baseline", Static).update(how)

@@ -8,34 +8,23 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
-from specchat.llama.vocab import check_compatible
+from specchat.llama.mtp import MtpHead
+from specchat.llama.session import Memory
+from specchat.llama.vocab import VocabFile, check_compatible
 from specchat.models.catalog import Catalog, load_catalog
 from specchat.models.fetch import Progress, resolve
+from specchat.service.choices import ModelChoice
 from specchat.spec.calibrate import MAX_POSITIONS, measure_curve
-from specchat.spec.guessers import GUESSERS, AutoGuesser, DraftGuesser, Guesser, LookupGuesser, NoGuesser
-from specchat.spec.policy import CostCurve
+from specchat.spec.policy import CostCurve, Rollback
 from specchat.store.files import cache_file, read_cache, update_cache
 
 COSTS = "costs.json"  # this machine's cost curves, in the user cache dir
 DEFAULT_CONTEXT = 4096
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    pair: str | None = None
-    target: Path | None = None
-    draft: Path | None = None
-    n_ctx: int | None = None  # None: DEFAULT_CONTEXT (the app: its context setting)
-    threads: int | None = None  # None: every core
-    gpu_layers: int | None = None  # layers offloaded to the GPU (Metal, CUDA builds); None: all
-    draft_gpu_layers: int | None = None
-    fetch: bool = True
-    offline: bool = False  # the app's offline setting: never fetch (HF_HUB_OFFLINE in the env does the same)
 
 
 def left_out(why: str) -> str:
@@ -65,49 +54,37 @@ def model_paths(choice: ModelChoice, catalog: Catalog | None = None,
 
 
 class LoadedPair:
-    """A loaded target, its checked draft (if any), and the guessers built over them."""
+    """A loaded target, its checked draft (if any), its MTP head (if it has one), and what they can do."""
 
-    def __init__(self, target: Model, draft: Model | None) -> None:
-        self.target, self.draft = target, draft
-        self.warnings: list[str] = []  # why a draft the choice named was left out
+    def __init__(self, target: Model, draft: Model | None, mtp: MtpHead | None = None,
+                 rewinds: bool = True) -> None:
+        self.target, self.draft, self.mtp = target, draft, mtp
+        self.rewinds = rewinds  # the target's cache can take back a rejected guess
+        self.warnings: list[str] = []  # why something the choice named was left out
         self._curve: CostCurve | None = None
 
     @property
     def name(self) -> str:
         return self.target.name + (f" + {self.draft.name}" if self.draft is not None else "")
 
-    def guesser_names(self) -> list[str]:
-        """The guessers this pair can run, in the registry's order."""
-        return [g for g in GUESSERS if g != "draft" or self.draft is not None]
-
-    def guesser(self, name: str) -> Guesser:
-        """A new guesser of this name: each keeps its own state (auto's estimates, a draft's early stop)."""
-        if name == "none":
-            return NoGuesser()
-        if name == "lookup":
-            return LookupGuesser()
-        if name == "draft":
-            if self.draft is None:
-                raise SpecchatError(f"the draft guesser cannot run: {'; '.join(self.warnings)} (choose another guesser)"
-                                    if self.warnings else
-                                    "the draft guesser needs a draft model: pass --draft PATH or use a --pair")
-            return DraftGuesser(self.draft)
-        if name == "auto":
-            # Its own copy of the curve: auto keeps it current from the steps it times.
-            return AutoGuesser(self.curve().copy(), DraftGuesser(self.draft) if self.draft is not None else None,
-                               piece=self.target.piece)
-        raise SpecchatError(f"unknown guesser {name!r}; choose one of {', '.join(GUESSERS)}")
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What guessers may need that this pair has (spec.guessers.NEEDS)."""
+        has = {"rewind": self.rewinds, "draft": self.draft is not None, "mtp": self.mtp is not None}
+        return frozenset(need for need, there in has.items() if there and (need == "rewind" or self.rewinds))
 
     def curve(self, fresh: bool = False) -> CostCurve:
         """This machine's decode cost curve for the pair: cached per model file, backend and thread
         count and measured on first use, or measured now if `fresh` (a machine's speed drifts, and a
         benchmark should judge against today's). Guessers made afterwards start from it."""
         if self._curve is None or fresh:
-            self._curve = _load_curve(self.target, self.draft, fresh)
+            self._curve = _load_curve(self.target, self.draft, self.mtp, fresh)
         return self._curve
 
     def close(self) -> None:
-        """Free both models now, rather than whenever the garbage collector gets to them."""
+        """Free the models now, rather than whenever the garbage collector gets to them."""
+        if self.mtp is not None:
+            self.mtp.close()
         for model in (self.draft, self.target):
             if model is not None:
                 model.close()
@@ -124,7 +101,12 @@ def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Ca
     draft_path = None if leave_out else draft_path
     n_ctx = choice.n_ctx or DEFAULT_CONTEXT
     target = Model(target_path, n_ctx=n_ctx, n_threads=choice.threads, n_gpu_layers=choice.gpu_layers)
-    draft = None
+    rewinds = _rewinds(target, warnings)
+    mtp, draft = None, None
+    if draft_path is not None and _architecture(draft_path) in ASSISTANTS:
+        mtp, draft_path = _mtp_head(target, draft_path, warnings), None  # an MTP head made for the target
+    elif target.n_nextn:
+        mtp = _mtp_head(target, None, warnings)
     if draft_path is not None:
         try:
             draft = Model(draft_path, n_ctx=n_ctx, n_threads=choice.threads, n_gpu_layers=choice.draft_gpu_layers)
@@ -139,9 +121,50 @@ def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Ca
                 draft.close()
             target.close()
             raise
-    loaded = LoadedPair(target, draft)
+    loaded = LoadedPair(target, draft, mtp, rewinds)
     loaded.warnings = warnings
     return loaded
+
+
+# Architectures of files that are not models of their own but MTP layers made for another model's
+# hidden state (Gemma 4's drafters): given as a draft, they become the target's MTP head.
+ASSISTANTS = {"gemma4-assistant"}
+
+
+def _architecture(path: Path) -> str:
+    try:
+        with VocabFile(path) as vocab:
+            return str(vocab.metadata.get("general.architecture", ""))
+    except SpecchatError:
+        return ""  # loading it as a draft says what is wrong with it
+
+
+def _mtp_head(target: Model, assistant: Path | None, warnings: list[str]) -> MtpHead | None:
+    try:
+        return MtpHead(target, assistant)
+    except SpecchatError as e:
+        warnings.append(f"no MTP drafting: {e}; the target runs with its other guessers")
+        return None
+
+
+def _rewinds(target: Model, warnings: list[str]) -> bool:
+    """Whether the target's cache can take back a rejected guess. An attention cache drops positions;
+    a recurrent state is saved and restored (tried here, once): where llama.cpp can do neither, every
+    guess would cost decoding the whole conversation again, so the target decodes plainly."""
+    if target.memory is Memory.TRIM:
+        return True
+    session = target.session
+    try:
+        session.decode([0], "none")
+        session.checkpoint(lasting=True)
+        return True
+    except SpecchatError:
+        warnings.append(f"{target.name} keeps a state that llama.cpp can neither cut nor save, so a rejected guess "
+                        "cannot be taken back: it decodes plainly (the none guesser)")
+        session.memory = Memory.RESTART
+        return False
+    finally:
+        session.clear()
 
 
 def _memory_warnings(target: Path, draft: Path | None) -> tuple[list[str], bool]:
@@ -164,16 +187,19 @@ def _memory_warnings(target: Path, draft: Path | None) -> tuple[list[str], bool]
     return [], False
 
 
-def _curve_key(target: Model, draft: Model | None) -> str:
-    return target.cache_key + "|" + (draft.cache_key if draft is not None else "")
+def _curve_key(target: Model, draft: Model | None, mtp: MtpHead | None) -> str:
+    return target.cache_key + "|" + (draft.cache_key if draft is not None else "") + ("|mtp" if mtp else "")
 
 
-def _load_curve(target: Model, draft: Model | None, fresh: bool) -> CostCurve:
-    path = cache_file(COSTS)
-    entry = None if fresh else read_cache(path).get(_curve_key(target, draft))
+def _load_curve(target: Model, draft: Model | None, mtp: MtpHead | None, fresh: bool) -> CostCurve:
+    path, key = cache_file(COSTS), _curve_key(target, draft, mtp)
+    entry = None if fresh else read_cache(path).get(key)
     if entry is not None and len(entry.get("verify_s", [])) == MAX_POSITIONS:
-        return CostCurve(list(entry["verify_s"]), float(entry["draft_s"]))
-    curve = measure_curve(target, draft)
-    update_cache(path, _curve_key(target, draft),
-                 {"verify_s": curve.verify_s, "draft_s": curve.draft_s, "measured": time.strftime("%Y-%m-%d")})
+        rollback = entry.get("rollback")
+        return CostCurve(list(entry["verify_s"]), float(entry["draft_s"]), mtp_s=float(entry.get("mtp_s", 0.0)),
+                         rollback=Rollback(**rollback) if rollback else None)
+    curve = measure_curve(target, draft, mtp)
+    update_cache(path, key, {"verify_s": curve.verify_s, "draft_s": curve.draft_s, "mtp_s": curve.mtp_s,
+                             "rollback": asdict(curve.rollback) if curve.rollback else None,
+                             "measured": time.strftime("%Y-%m-%d")})
     return curve

@@ -78,6 +78,7 @@ class Candidate:
     path: Path | None
     size: int | None
     reason: str | None  # why it cannot draft for the target; None if it can
+    own: bool = False  # the target's own MTP layers, inside its file: no draft file needed
 
     @property
     def compatible(self) -> bool:
@@ -108,6 +109,9 @@ def find_drafts(target: Path, catalog: Catalog | None = None) -> list[Candidate]
     target = target.resolve()
     found: list[Candidate] = []
     with VocabFile(target) as tv:
+        if tv.mtp_layers:  # the cheapest draft there is: one layer's work a token, in the target itself
+            found.append(Candidate(f"its own MTP layers ({tv.mtp_layers}; the mtp guesser)", None, target, 0, None,
+                                   own=True))
         target_size = target.stat().st_size
         for label, name, path, size in _everything(catalog):
             if path is None:
@@ -124,7 +128,7 @@ def find_drafts(target: Path, catalog: Catalog | None = None) -> list[Candidate]
                 if reason is None and size >= target_size:
                     reason = "it is no smaller than the target, so drafting with it cannot save time"
             found.append(Candidate(label, name, path, size, reason))
-    return sorted(found, key=lambda c: (not c.compatible, c.size or 0, c.label))
+    return sorted(found, key=lambda c: (not c.own, not c.compatible, c.size or 0, c.label))
 
 
 def _everything(catalog: Catalog) -> Iterator[tuple[str, str | None, Path | None, int | None]]:
@@ -183,11 +187,15 @@ def make_pair(name: str, target: str, draft: str | None = None, default: bool = 
         raise SpecchatError(f"model {target} is not on disk, so no draft can be chosen for it; `specchat pull {target}` "
                             "first, or name the draft")
     else:
-        usable = [c for c in find_drafts(t_path, catalog) if c.compatible]
+        candidates = find_drafts(t_path, catalog)
+        own = " (and its own MTP layers)" if candidates and candidates[0].own else ""
+        usable = [c for c in candidates if c.compatible and not c.own]
         in_catalog = [c for c in usable if c.name is not None]
         if in_catalog:
             draft = in_catalog[0].name
-            how = f"{draft} drafts: the smallest compatible model on disk ({size_text(in_catalog[0].size)})"
+            how = f"{draft} drafts{own}: the smallest compatible model on disk ({size_text(in_catalog[0].size)})"
+        elif own:
+            how = "its own MTP layers draft (the mtp guesser): no draft file is needed"
         elif usable:
             raise SpecchatError(f"the compatible drafts on disk are not in the catalog: add one with "
                                 f"`specchat add {usable[0].path}` and pair again")

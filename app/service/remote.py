@@ -1,9 +1,9 @@
 """The app on another machine: a Backend over any OpenAI-compatible server (specchat serve,
 llama-server, vLLM), through the official `openai` client.
 
-The server's stream becomes the engine's own events (Prefill, Step per streamed chunk, Done), so
-the UI, the stats panel and the store treat a remote answer like a local one. Done's Stats carry
-the best figures the server reports, and `figures` says which they are:
+The server's stream becomes the backend protocol's events (a Prefill, a Chunk of text per streamed
+chunk, a Done), so the UI, the stats panel and the store treat a remote answer like a local one. Done's
+Stats carry the best figures the server reports, and Done's `figures` says which they are:
 
 - llama-server and `specchat serve` put a `timings` object on the last chunk: drafted, accepted,
   and the server's own decode time, for this answer alone;
@@ -21,15 +21,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
-from specchat.backend import BackendEvent, Baseline
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.models.fetch import Progress
-from specchat.spec.engine import Done, GenerationConfig, Prefill, Source, Stats, Step, Token
+from specchat.service.backend import BackendEvent, Baseline, Chunk
+from specchat.service.choices import RemoteChoice
+from specchat.spec.engine import Done, GenerationConfig, Prefill, Stats
+from specchat.spec.guessers import GUESSERS
 from specchat.store.settings import API_KEY_ENV
 
 if TYPE_CHECKING:  # the client is an optional extra
@@ -44,15 +45,6 @@ DEFAULT_CONTEXT = 4096  # when the server does not say how long its context is
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 600.0  # between two chunks: a big model's prefill on a slow machine can be long
 CANCEL_POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class RemoteChoice:
-    """Which server, which key (never written to the settings file), which of its models (None: its first)."""
-
-    url: str
-    api_key: str | None = None
-    model: str | None = None
 
 
 def base_urls(url: str) -> tuple[str, str]:
@@ -125,11 +117,6 @@ def stats_from_stream(n_prompt: int, n_tokens: int, prefill_s: float, stream_s: 
 class RemoteBackend:
     """A model on an OpenAI-compatible server. One generation at a time, as the engine runs."""
 
-    # The server drafts by its own configuration. specchat serve also takes the guesser and draft length
-    # a request names (others ignore the fields), so every guesser is offered, the draft one included.
-    has_draft = True
-    warnings: list[str] = []
-
     def __init__(self, choice: RemoteChoice) -> None:
         self.choice = choice
         self.root, self.base = base_urls(choice.url)
@@ -137,9 +124,11 @@ class RemoteBackend:
         self.name = f"… @ {self.host}"
         self.model = choice.model
         self.n_ctx = DEFAULT_CONTEXT
-        self.figures = STREAM  # where the last answer's figures came from (the panel labels them)
         self.has_metrics = False
-        self.warnings = []
+        self.warnings: list[str] = []
+        # The server drafts by its own configuration. specchat serve also takes the guesser and draft length
+        # a request names (others ignore the fields), so every guesser is offered, the draft one included.
+        self.guessers = list(GUESSERS)
         self._client: openai.OpenAI | None = None
         self._busy = threading.Lock()
 
@@ -168,12 +157,14 @@ class RemoteBackend:
         info = (models[names.index(self.model)].model_extra or {})
         meta = info.get("meta") or {}
         self.n_ctx = int(info.get("max_model_len") or meta.get("n_ctx") or meta.get("n_ctx_train") or DEFAULT_CONTEXT)
+        # specchat serve lists the guessers its pair can run; other servers take none of ours by name.
+        self.guessers = [g for g in meta.get("guessers", GUESSERS) if g in GUESSERS] or list(GUESSERS)
         self.has_metrics = bool(self._counters())
         self.name = f"{self.model} @ {self.host}"
         progress("ready", 1, 1)
 
-    def baseline(self) -> Baseline | None:
-        return None  # plain decoding on the server is not timed from here
+    def baseline(self) -> Baseline:
+        return Baseline(None, "none (the server's plain speed is not known here)")
 
     def count_tokens(self, text: str) -> int:
         # No tokenizer here: about four characters a token. After each answer the meter shows the
@@ -243,8 +234,7 @@ class RemoteBackend:
                             yield Prefill(0, 0, now - t0)
                         chunks += 1
                         text.append(piece)
-                        yield Step((Token(-1, piece, Source.PLAIN),), piece, 0, 0, 0.0,
-                                   now - (last or now), "remote")
+                        yield Chunk(piece, now - (last or now))
                         last = now
             except (openai.APIError, OSError, RuntimeError) as e:
                 # A stream closed by the watcher fails in whatever way the transport fails.
@@ -260,13 +250,13 @@ class RemoteBackend:
         prefill_s = (first or time.perf_counter()) - t0
         stream_s = (last or 0.0) - (first or 0.0)
         if timings and timings.get("predicted_n") is not None:
-            self.figures, stats = TIMINGS, stats_from_timings(timings, stream_s)
+            figures, stats = TIMINGS, stats_from_timings(timings, stream_s)
         elif self.has_metrics:
-            self.figures = METRICS
+            figures = METRICS
             stats = stats_from_counters(before, self._counters(), n_prompt, n_tokens, prefill_s, stream_s)
         else:
-            self.figures, stats = STREAM, stats_from_stream(n_prompt, n_tokens, prefill_s, stream_s)
-        yield Done(reason, "".join(text), (), stats)
+            figures, stats = STREAM, stats_from_stream(n_prompt, n_tokens, prefill_s, stream_s)
+        yield Done(reason, "".join(text), (), stats, figures)
 
     def _counters(self) -> dict[str, float]:
         """vLLM's speculative-decoding counters now, or {} where the server has none."""

@@ -1,0 +1,147 @@
+"""What the app talks to: one protocol for this machine's models and for a server on another.
+
+A backend streams what it knows. The local one yields the engine's own events: a Prefill, a Step per
+target step (its tokens and their provenance), and a Done whose figures are the engine's. A remote
+one knows only the text as it arrives (a Chunk each) and whatever figures the server reports, which
+its Done carries, saying where they come from. The UI draws whatever arrives and never asks which
+backend it has. Both are made by `open_backend`; tests give the app a scripted fake instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol, Sequence, Union
+
+from specchat.errors import SpecchatError
+from specchat.llama.template import Message
+from specchat.models.fetch import Progress
+from specchat.service.chat import ChatService, Notice
+from specchat.service.choices import ModelChoice, RemoteChoice
+from specchat.service.loader import load_pair
+from specchat.spec.engine import Event, GenerationConfig, final
+from specchat.spec.guessers import available
+from specchat.store.files import cache_file, read_cache, update_cache
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Text a server streamed: how it split into tokens and steps, only the server knows."""
+
+    text: str
+    seconds: float  # since the chunk before (or since the first, for the first)
+
+
+BackendEvent = Union[Event, Notice, Chunk]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Plain decoding's speed, which the speedup is measured against (None: not known here)."""
+
+    tokens_per_s: float | None
+    how: str
+
+
+class Backend(Protocol):
+    name: str
+    server: str | None  # the server that answers (what conversations are marked with); None: this machine
+    n_ctx: int  # tokens the context holds (once loaded)
+    warnings: list[str]  # after load: what was left out and why (e.g. a draft that failed to load)
+    guessers: list[str]  # after load: the guessers it can run, in the registry's order
+
+    def load(self, progress: Progress) -> None: ...
+
+    def baseline(self) -> Baseline: ...
+
+    def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
+             cancel: threading.Event) -> Iterator[BackendEvent]: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def close(self) -> None:
+        """Free what it holds, once any running generation has ended; it answers nothing afterwards."""
+
+
+BackendFactory = Callable[[Union[ModelChoice, RemoteChoice]], Backend]
+
+
+def open_backend(choice: ModelChoice | RemoteChoice) -> Backend:
+    """The backend for a choice: this machine's models, or a server (`specchat[remote]`)."""
+    if isinstance(choice, RemoteChoice):
+        from specchat.service.remote import RemoteBackend
+
+        return RemoteBackend(choice)
+    return LocalBackend(choice)
+
+
+class LocalBackend:
+    """This machine's models: a loaded pair behind the conversation service."""
+
+    server = None
+
+    def __init__(self, choice: ModelChoice) -> None:
+        self.choice = choice
+        self.name = "loading…"
+        self.warnings: list[str] = []
+        self.guessers: list[str] = []
+        self._service: ChatService | None = None
+        self._closed = False
+        self._baseline = Baseline(None, "not measured yet")
+        # Held for the whole of a generation: close() waits for it, so models are never freed
+        # under a running generation and two generations never share the engine.
+        self._busy = threading.Lock()
+
+    def load(self, progress: Progress) -> None:
+        progress("loading models", 0, 1)
+        pair = load_pair(self.choice, progress)
+        self.name, self.warnings, self.guessers = pair.name, pair.warnings, available(pair.capabilities)
+        progress("measuring this machine's decode costs (first run only)", 0, 1)
+        pair.curve()
+        self._service = ChatService(pair)
+        progress("measuring plain decoding", 0, 1)
+        self._baseline = self._measure_baseline(self._service)
+        progress("ready", 1, 1)
+
+    @property
+    def service(self) -> ChatService:
+        if self._service is None:
+            raise SpecchatError("the models are closed" if self._closed else "the models are not loaded yet")
+        return self._service
+
+    @property
+    def n_ctx(self) -> int:
+        return self.service.n_ctx
+
+    def baseline(self) -> Baseline:
+        return self._baseline
+
+    def count_tokens(self, text: str) -> int:
+        return self.service.count_tokens(text)
+
+    def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
+             cancel: threading.Event) -> Iterator[BackendEvent]:
+        with self._busy:
+            yield from self.service.chat(messages, config, guesser, cancel)
+
+    def close(self) -> None:
+        with self._busy:
+            if self._service is not None:
+                self._service.close()
+            self._service, self._closed = None, True
+
+    def _measure_baseline(self, service: ChatService) -> Baseline:
+        """Plain decoding speed of this target on this machine, timed once and cached."""
+        path, key = cache_file("baseline.json"), service.target.cache_key
+        cached = read_cache(path).get(key)
+        if cached is not None:
+            return Baseline(**cached)
+        done = final(service.chat([Message("user", "Count from one to fifty in words.")],
+                                  GenerationConfig(max_tokens=48), "none"))
+        baseline = Baseline(done.stats.tokens_per_s,
+                            f"plain decoding timed once on this machine ({done.stats.n_tokens} tokens, "
+                            f"{time.strftime('%Y-%m-%d')}), cached per model file and thread count")
+        update_cache(path, key, baseline.__dict__)
+        return baseline
+

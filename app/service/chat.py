@@ -1,0 +1,129 @@
+"""The conversation service: a loaded pair behind chat turns, the same for every front end.
+
+It owns what a conversation needs beyond the engine: the chat prompter (which reuses the previous
+turn's KV cache token for token), the guessers and the rule that restarts them, and the context
+policy. The app's local backend, `generate`, `serve` and the measuring commands all go through it,
+so a fix to prompt reuse, to auto's state or to the context policy is made once and holds everywhere.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Iterator, Sequence, Union
+
+from specchat.errors import SpecchatError
+from specchat.llama.template import ChatPrompter, Message
+from specchat.service.loader import LoadedPair
+from specchat.spec.engine import Done, Engine, Event, GenerationConfig
+from specchat.spec.guessers import Guesser, available, build, unavailable
+
+# Room kept for the answer when old turns must go: the max-tokens setting, up to this much.
+ANSWER_ROOM = 256
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the user should know about this answer (old turns were left out to fit the context)."""
+
+    text: str
+
+
+ChatEvent = Union[Event, Notice]
+
+
+class ChatService:
+    """One pair, one conversation at a time (the engine is batch 1). Not thread-safe: callers run one
+    generation at a time (the app's backend holds a lock; the server has one worker thread)."""
+
+    def __init__(self, pair: LoadedPair) -> None:
+        self.pair, self.target = pair, pair.target
+        self.engine = Engine(pair.target)
+        self._prompter: ChatPrompter | None = None
+        self._guessers: dict[str, Guesser] = {}
+        self.last_prompt: list[int] = []  # the tokens the last generation was given
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx
+
+    @property
+    def guessers(self) -> list[str]:
+        return available(self.pair.capabilities)
+
+    def require(self, guesser: str) -> None:
+        """A one-line error now if this guesser cannot run on the pair (before anything else is said)."""
+        why = unavailable(guesser, self.pair.capabilities, self.pair.warnings)
+        if why is not None:
+            raise SpecchatError(why)
+
+    @property
+    def prompter(self) -> ChatPrompter:
+        """Built on first use: a base model has no chat template, and still completes raw text."""
+        if self._prompter is None:
+            self._prompter = ChatPrompter(self.target)
+        return self._prompter
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.target.tokenize(text, special=False))
+
+    def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
+             cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+        """Answer the conversation's last message. What the cache holds of the conversation so far is
+        reused; a conversation too long for the context loses its oldest turns, and a Notice says so."""
+        prompt, dropped = self.fit(messages, config.max_tokens)
+        if dropped:
+            yield Notice(f"the conversation is longer than the {self.n_ctx}-token context: "
+                         f"the oldest {dropped} message(s) were left out of this answer")
+        for event in self._generate(prompt, config, guesser, cancel, self.prompter.continued):
+            if isinstance(event, Done):
+                self.prompter.remember(event.token_ids)
+            yield event
+
+    def complete(self, prompt: str | Sequence[int], config: GenerationConfig, guesser: str,
+                 cancel: threading.Event | None = None) -> Iterator[Event]:
+        """Continue raw text or token ids, with no chat template (base models, /v1/completions)."""
+        if isinstance(prompt, str):
+            tokens = self.target.tokenize(prompt, add_bos=self.target.add_bos)
+        else:
+            bad = next((t for t in prompt if not 0 <= t < self.target.n_vocab), None)
+            if bad is not None:
+                raise SpecchatError(f"token id {bad} is not in the vocabulary (0 to {self.target.n_vocab - 1})")
+            tokens = list(prompt)
+        if not tokens:
+            raise SpecchatError("the prompt is empty; give at least one token of text")
+        if self._prompter is not None:
+            self._prompter.forget()  # the cache no longer holds the last conversation's turn
+        yield from self._generate(tokens, config, guesser, cancel, continued=False)
+
+    def fit(self, messages: Sequence[Message], max_tokens: int) -> tuple[list[int], int]:
+        """The context policy: the prompt tokens, after leaving out the oldest turns (never the system
+        prompt or the last message) until the prompt leaves room for an answer; and how many went."""
+        messages = list(messages)
+        prompt = self.prompter.tokens(messages)
+        system = 1 if messages and messages[0].role == "system" else 0
+        dropped = 0
+        while len(prompt) + min(max_tokens, ANSWER_ROOM) > self.n_ctx and len(messages) > system + 1:
+            del messages[system]
+            dropped += 1
+            prompt = self.prompter.tokens(messages)
+        return prompt, dropped
+
+    def _generate(self, prompt: list[int], config: GenerationConfig, guesser: str,
+                  cancel: threading.Event | None, continued: bool) -> Iterator[Event]:
+        self.engine.guesser = self._guesser(guesser, continued)
+        self.last_prompt = prompt
+        yield from self.engine.generate(prompt, config, cancel)
+
+    def _guesser(self, name: str, continued: bool) -> Guesser:
+        # A conversation that goes on keeps its guessers: auto carries what it learned of this text
+        # into the next turn. Another conversation, a regenerated answer or a raw completion starts
+        # each afresh, as a fresh `specchat generate` does, rather than from what another text taught.
+        if not continued:
+            self._guessers.clear()
+        if name not in self._guessers:
+            self._guessers[name] = build(name, self.pair)
+        return self._guessers[name]
+
+    def close(self) -> None:
+        self.pair.close()

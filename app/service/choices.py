@@ -1,0 +1,78 @@
+"""The one place where what the command line says and what the settings say are merged.
+
+The rule, for every front end (the app, `generate`, `serve` and the measuring commands): an option
+given on the command line wins; what it leaves open comes from the settings; what neither says is the
+default. So a pair, a context size or a thread count chosen in the app's Settings holds for
+`specchat generate` and `specchat serve` too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from specchat.spec.engine import GenerationConfig
+from specchat.spec.sampling import SamplingConfig
+from specchat.store.settings import Settings
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """This machine's models: a pair of the catalog, or files."""
+
+    pair: str | None = None
+    target: Path | None = None
+    draft: Path | None = None
+    n_ctx: int | None = None  # None: the loader's DEFAULT_CONTEXT
+    threads: int | None = None  # None: every core
+    gpu_layers: int | None = None  # layers offloaded to the GPU (Metal, CUDA builds); None: all
+    draft_gpu_layers: int | None = None
+    fetch: bool = True
+    offline: bool = False  # never fetch (HF_HUB_OFFLINE in the environment does the same)
+
+
+@dataclass(frozen=True)
+class RemoteChoice:
+    """Another machine's server; the key is never written to the settings file; model None: its first."""
+
+    url: str
+    api_key: str | None = None
+    model: str | None = None
+
+
+def model_choice(given: ModelChoice, settings: Settings) -> ModelChoice:
+    """The models to load: the command line's choice, its gaps filled from the settings."""
+    choice = given
+    if settings.pair and given.target is None and given.pair is None:
+        choice = replace(choice, pair=settings.pair)
+    # The offline setting adds to HF_HUB_OFFLINE and to the command line's; it never turns either off.
+    return replace(choice, offline=given.offline or settings.offline, n_ctx=given.n_ctx or settings.context,
+                   threads=given.threads or settings.threads or None,
+                   gpu_layers=settings.gpu_layers if given.gpu_layers is None else given.gpu_layers,
+                   draft_gpu_layers=settings.draft_gpu_layers if given.draft_gpu_layers is None
+                   else given.draft_gpu_layers)
+
+
+def where_to_chat(given: ModelChoice, server: RemoteChoice | None, settings: Settings,
+                  api_key: str | None = None) -> ModelChoice | RemoteChoice:
+    """This machine's models, or a server: `--server` wins over the server setting. The API key comes
+    from the command line or the environment, never from the settings file."""
+    if server is not None:
+        return server
+    if settings.server:
+        return RemoteChoice(settings.server, api_key)
+    return model_choice(given, settings)
+
+
+def generation(settings: Settings, temperature: float | None = None, top_k: int | None = None,
+               top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
+               max_tokens: int | None = None, draft_length: int | None = None) -> GenerationConfig:
+    """Sampling and lengths: each value given wins over the setting (None: not given)."""
+
+    def pick(value, setting):  # type: ignore[no-untyped-def]
+        return setting if value is None else value
+
+    sampling = SamplingConfig(pick(temperature, settings.temperature), pick(top_k, settings.top_k),
+                              pick(top_p, settings.top_p), pick(min_p, settings.min_p), seed)
+    return GenerationConfig(sampling, pick(max_tokens, settings.max_tokens),
+                            pick(draft_length, settings.draft_length or None))

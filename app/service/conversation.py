@@ -1,0 +1,161 @@
+"""One conversation as the store keeps it: what the chat screen does with it, without a screen.
+
+The controller makes every store call of a conversation: the user's message (with its attached
+files), the answer stored before its first token and updated as it streams (so that a killed app
+keeps what was shown, marked interrupted), its end with its figures, regenerate, edit-last and
+export. The screen only draws; this is tested headless.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from specchat.llama.template import Message
+from specchat.spec.engine import ENGINE_FIGURES, Done, Stats
+from specchat.store.conversations import Store, StoredMessage
+from specchat.store.files import atomic_write
+
+SAVE_INTERVAL_S = 0.25  # how often a streaming answer is written to the database
+TITLE_LENGTH = 40
+
+# How an answer ended, when that is not the model's own choice: a cut answer always says so.
+ENDINGS = {"cancelled": "stopped", "max_tokens": "cut at the max_tokens setting",
+           "context_full": "cut: the context is full"}
+
+
+def summary_line(stats: Stats, guesser: str, reason: str) -> str:
+    ending = f"  [{ENDINGS[reason]}]" if reason in ENDINGS else ""
+    return (f"{stats.n_tokens} tokens · {stats.decode_s:.1f}s · {stats.tokens_per_s:.1f} tok/s · "
+            f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%} · {guesser}{ending}")
+
+
+def attach(text: str, files: Sequence[tuple[Path, str]]) -> str:
+    """The message with its attached files ahead of it, each fenced and named, so the model can
+    refer to them and prompt lookup can copy from them."""
+    parts = [f"File `{path.name}`:\n\n````\n{content.rstrip()}\n````" for path, content in files]
+    return "\n\n".join([*parts, text])
+
+
+class ConversationController:
+    """One conversation of the store, and the answer being written into it (at most one at a time)."""
+
+    def __init__(self, store: Store, conversation_id: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.id, self._clock = store, conversation_id, clock
+        self._answer: int | None = None  # the streaming answer's message id
+        self._text = ""
+        self._saved = float("-inf")
+
+    @classmethod
+    def latest(cls, store: Store) -> ConversationController:
+        """The most recent conversation, or a new one if there is none."""
+        conversations = store.conversations()
+        return cls(store, conversations[0].id if conversations else store.new_conversation().id)
+
+    @classmethod
+    def new(cls, store: Store) -> ConversationController:
+        return cls(store, store.new_conversation().id)
+
+    # --- reading --------------------------------------------------------------------------
+
+    def messages(self) -> list[StoredMessage]:
+        return self.store.messages(self.id)
+
+    @property
+    def server(self) -> str | None:
+        """The server this conversation's answers came from; None: this machine."""
+        return self.store.server(self.id)
+
+    def history(self, system_prompt: str) -> list[Message]:
+        """What the model is given: the system prompt, then every message so far."""
+        system = [Message("system", system_prompt)] if system_prompt else []
+        return system + [Message(m.role, m.content) for m in self.messages()]
+
+    def last(self, role: str) -> StoredMessage | None:
+        return next((m for m in reversed(self.messages()) if m.role == role), None)
+
+    # --- writing --------------------------------------------------------------------------
+
+    def add_user(self, text: str, attachments: Sequence[tuple[Path, str]] = ()) -> str:
+        """Store the user's message, files first; the first message names the conversation."""
+        if not self.messages():
+            self.store.rename(self.id, text.splitlines()[0][:TITLE_LENGTH])
+        content = attach(text, attachments)
+        self.store.add_message(self.id, "user", content)
+        return content
+
+    def begin_answer(self, model: str, server: str | None) -> None:
+        """Store the answer before its first token, as partial: if specchat is killed, the answer so far
+        survives, marked interrupted. A server that answers marks the conversation."""
+        if server is not None and self.server != server:
+            self.store.set_server(self.id, server)
+        self._answer = self.store.add_message(self.id, "assistant", "", "partial", model=model)
+        self._text, self._saved = "", float("-inf")
+
+    def stream(self, text: str) -> None:
+        """More of the answer arrived: written now and then (at most every SAVE_INTERVAL_S)."""
+        assert self._answer is not None, "no answer is being written"
+        self._text += text
+        if self._clock() - self._saved >= SAVE_INTERVAL_S:
+            self.store.update_message(self._answer, self._text)
+            self._saved = self._clock()
+
+    def finish(self, done: Done, guesser: str, notices: Sequence[str] = ()) -> str:
+        """The answer ended (or was stopped: kept, marked so): stored whole with its figures. Returns its
+        summary line, which names where the figures come from when they are not the engine's."""
+        assert self._answer is not None, "no answer is being written"
+        label = guesser if done.figures == ENGINE_FIGURES else done.figures
+        # A notice (e.g. old turns dropped to fit the context) stays with the answer it concerns.
+        summary = " · ".join([summary_line(done.stats, label, done.reason), *notices])
+        s = done.stats
+        self.store.update_message(self._answer, done.text, "stopped" if done.reason == "cancelled" else "complete",
+                                  {"summary": summary, "reason": done.reason, "tokens": s.n_tokens,
+                                   "acceptance": s.acceptance, "guesser": label, "tokens_per_s": s.tokens_per_s,
+                                   "tokens_per_step": s.tokens_per_step, "wall_tokens_per_s": s.wall_tokens_per_s})
+        self._answer = None
+        return summary
+
+    def fail(self) -> bool:
+        """The generation failed: what streamed before stays, marked stopped; an empty answer goes.
+        Returns whether anything was kept."""
+        assert self._answer is not None, "no answer is being written"
+        if self._text:
+            self.store.update_message(self._answer, self._text, "stopped")
+        else:
+            self.store.delete_message(self._answer)
+        self._answer = None
+        return bool(self._text)
+
+    def take_last_answer(self) -> bool:
+        """For regenerate: remove the last answer, if the conversation ends with one."""
+        messages = self.messages()
+        if not messages or messages[-1].role != "assistant":
+            return False
+        self.store.delete_message(messages[-1].id)
+        return True
+
+    def take_last_message(self) -> str | None:
+        """For edit-last: remove the user's last message and what followed it; returns its text."""
+        messages = self.messages()
+        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), None)
+        if last is None:
+            return None
+        for m in messages[last:]:
+            self.store.delete_message(m.id)
+        return messages[last].content
+
+    def rename(self, title: str) -> None:
+        self.store.rename(self.id, title)
+
+    def delete(self) -> ConversationController:
+        """Delete this conversation; returns the one to show next (the latest, or a new one)."""
+        self.store.delete(self.id)
+        return self.latest(self.store)
+
+    def export(self) -> Path:
+        """Write the conversation as Markdown next to the database, under exports/."""
+        out = self.store.path.parent / "exports" / f"conversation-{self.id}.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, self.store.export_markdown(self.id))
+        return out

@@ -1,0 +1,88 @@
+"""The conversation list: the sidebar's titles and its search, and the command palette's search.
+
+The list reads the store and says which conversation was chosen with a message; what opening one
+means is the chat screen's business.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from urllib.parse import urlsplit
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.command import Hit, Hits, Provider
+from textual.containers import Vertical
+from textual.message import Message as TMessage
+from textual.widgets import Input, Label, ListItem, ListView
+
+from specchat.store.conversations import Store
+
+
+class ConversationItem(ListItem):
+    # No DOM id: the list is cleared and refilled, and a cleared item is removed only later,
+    # so a quick second refresh would otherwise collide with ids still in the tree.
+    def __init__(self, conversation_id: int, title: str, server: str | None = None) -> None:
+        # A conversation answered by a remote server says which, under its title.
+        super().__init__(Label(Text.assemble(title, ("\n⇄ " + urlsplit(server).netloc, "dim")) if server else title))
+        self.conversation_id = conversation_id
+
+
+class ConversationList(Vertical):
+    """Every conversation, newest first, filtered by what is typed into the search box."""
+
+    class Chosen(TMessage):
+        """The user picked a conversation (in the list, or in the command palette's search)."""
+
+        def __init__(self, conversation_id: int) -> None:
+            super().__init__()
+            self.conversation_id = conversation_id
+
+    def __init__(self, store: Store, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.store = store
+
+    def compose(self) -> ComposeResult:
+        yield Label("Conversations", classes="title")
+        yield Input(placeholder="Search (Ctrl+F)", id="search")
+        yield ListView(id="conversations")
+
+    def on_mount(self) -> None:
+        self.refresh_list()
+
+    def refresh_list(self) -> None:
+        """Read the list again (a conversation was added, renamed, deleted or answered)."""
+        query = self.query_one("#search", Input).value.strip()
+        view = self.query_one("#conversations", ListView)
+        view.clear()
+        for conv in self.store.search(query) if query else self.store.conversations():
+            view.append(ConversationItem(conv.id, conv.title, conv.server))
+
+    def focus_search(self) -> None:
+        self.query_one("#search", Input).focus()
+
+    @on(ListView.Selected, "#conversations")
+    def _selected(self, event: ListView.Selected) -> None:
+        event.stop()
+        if isinstance(event.item, ConversationItem):
+            self.post_message(self.Chosen(event.item.conversation_id))
+
+    @on(Input.Changed, "#search")
+    def _search(self, event: Input.Changed) -> None:
+        event.stop()
+        self.refresh_list()
+
+
+class ConversationSearch(Provider):
+    """The command palette finds conversations by any word in them (full-text search)."""
+
+    async def search(self, query: str) -> Hits:
+        lists = self.app.screen_stack[0].query(ConversationList)
+        if not query.strip() or not lists:
+            return
+        sidebar = lists.first()
+        for conv in sidebar.store.search(query, limit=10):
+            yield Hit(1.0, f"Open conversation: {conv.title}",
+                      partial(sidebar.post_message, ConversationList.Chosen(conv.id)),
+                      help=f"holds “{query.strip()}”")

@@ -1,0 +1,133 @@
+"""The conversation controller, headless: every store call the chat screen makes, with no Textual
+(the import check at the end shows none is loaded)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from specchat.service.conversation import SAVE_INTERVAL_S, ConversationController
+from specchat.spec.engine import Done, Stats
+from specchat.store.conversations import Store
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def done(text: str, reason: str = "eog", figures: str = "engine") -> Done:
+    return Done(reason, text, (1, 2, 3), Stats(n_prompt=9, n_tokens=3, steps=2, drafted=2, accepted=1,
+                                               draft_s=0.1, verify_s=0.2), figures)
+
+
+def make(tmp_path: Path) -> tuple[Store, ConversationController, Clock]:
+    store, clock = Store(tmp_path / "chat.db"), Clock()
+    return store, ConversationController(store, store.new_conversation().id, clock), clock
+
+
+def test_the_first_message_names_the_conversation_and_files_go_first(tmp_path):
+    store, chat, _ = make(tmp_path)
+    content = chat.add_user("Fix the typos\nplease", [(Path("notes.md"), "Teh text.\n")])
+    assert content == "File `notes.md`:\n\n````\nTeh text.\n````\n\nFix the typos\nplease"
+    chat.add_user("And again")
+    assert store.conversations()[0].title == "Fix the typos"  # the first line of the first message only
+    assert [m.content for m in chat.messages()] == [content, "And again"]
+    assert [m.role for m in chat.history("Be brief.")] == ["system", "user", "user"]
+    assert [m.role for m in chat.history("")] == ["user", "user"]
+
+
+def test_an_answer_is_stored_before_its_first_token_and_saved_as_it_streams_at_most_four_times_a_second(tmp_path):
+    store, chat, clock = make(tmp_path)
+    chat.add_user("Hi")
+    chat.begin_answer("target + draft", None)
+    stored = chat.messages()[-1]
+    assert (stored.role, stored.content, stored.status, stored.model) == ("assistant", "", "partial", "target + draft")
+    chat.stream("Hel")  # the first piece is written at once
+    assert chat.messages()[-1].content == "Hel"
+    clock.now += SAVE_INTERVAL_S / 2
+    chat.stream("lo")  # too soon: kept in memory only
+    assert chat.messages()[-1].content == "Hel"
+    clock.now += SAVE_INTERVAL_S
+    chat.stream(" there")
+    assert (chat.messages()[-1].content, chat.messages()[-1].status) == ("Hello there", "partial")
+
+
+def test_the_end_stores_the_whole_answer_with_its_figures_and_the_notices(tmp_path):
+    store, chat, _ = make(tmp_path)
+    chat.add_user("Hi")
+    chat.begin_answer("m", None)
+    chat.stream("Hello")
+    summary = chat.finish(done("Hello there"), "auto", ["the oldest 2 message(s) were left out"])
+    stored = chat.messages()[-1]
+    assert (stored.content, stored.status) == ("Hello there", "complete")
+    assert stored.stats["summary"] == summary and summary.startswith("3 tokens · 0.3s · 10.0 tok/s · 1.50 tok/step")
+    assert summary.endswith("· auto · the oldest 2 message(s) were left out")
+    assert (stored.stats["tokens"], stored.stats["guesser"], stored.stats["acceptance"]) == (3, "auto", 0.5)
+
+
+def test_a_stopped_answer_is_kept_marked_and_a_servers_figures_are_named(tmp_path):
+    store, chat, _ = make(tmp_path)
+    chat.add_user("Hi")
+    chat.begin_answer("m @ gpu-box:8080", "http://gpu-box:8080")
+    assert chat.server == "http://gpu-box:8080" and store.conversations()[0].server == "http://gpu-box:8080"
+    summary = chat.finish(done("Hel", "cancelled", figures="server timings"), "auto")
+    stored = chat.messages()[-1]
+    assert stored.status == "stopped" and "[stopped]" in summary
+    assert stored.stats["guesser"] == "server timings"  # where the figures came from, not the guesser asked
+
+
+def test_a_failed_generation_keeps_what_streamed_and_drops_an_empty_answer(tmp_path):
+    store, chat, _ = make(tmp_path)
+    chat.add_user("Hi")
+    chat.begin_answer("m", None)
+    chat.stream("Half an ans")
+    assert chat.fail() is True
+    assert (chat.messages()[-1].content, chat.messages()[-1].status) == ("Half an ans", "stopped")
+    chat.begin_answer("m", None)
+    assert chat.fail() is False
+    assert [m.role for m in chat.messages()] == ["user", "assistant"]
+
+
+def test_regenerate_takes_only_a_last_answer_and_edit_takes_the_last_message_and_what_follows(tmp_path):
+    store, chat, _ = make(tmp_path)
+    assert chat.take_last_answer() is False and chat.take_last_message() is None  # nothing there yet
+    chat.add_user("one")
+    assert chat.take_last_answer() is False  # the conversation ends with the user's message
+    chat.begin_answer("m", None)
+    chat.finish(done("first"), "none")
+    chat.add_user("two")
+    chat.begin_answer("m", None)
+    chat.finish(done("second"), "none")
+    assert chat.take_last_answer() is True
+    assert [m.content for m in chat.messages()] == ["one", "first", "two"]
+    chat.begin_answer("m", None)
+    chat.finish(done("second again"), "none")
+    assert chat.take_last_message() == "two"
+    assert [m.content for m in chat.messages()] == ["one", "first"]
+    assert chat.last("assistant").content == "first" and chat.last("user").content == "one"
+
+
+def test_export_rename_and_delete(tmp_path):
+    store, chat, _ = make(tmp_path)
+    chat.add_user("Hello")
+    chat.rename("Greetings")
+    out = chat.export()
+    assert out == tmp_path / "exports" / f"conversation-{chat.id}.md"
+    assert out.read_text().startswith("# Greetings\n") and "## User" in out.read_text()
+    older = chat.id
+    newer = ConversationController.new(store)
+    nxt = newer.delete()
+    assert nxt.id == older  # the latest that is left
+    assert nxt.delete().messages() == [] and len(store.conversations()) == 1  # none left: a new one
+
+
+def test_the_controller_loads_no_textual(tmp_path):
+    code = ("import sys; from specchat.service.conversation import ConversationController; "
+            "print('textual' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert out.stdout.strip() == "False"

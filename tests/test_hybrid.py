@@ -1,0 +1,336 @@
+"""Speculation on the models laptops run now, on tiny random-weight ones that tests/tiny_gguf.py
+writes: a hybrid Qwen3.5 (gated-delta-net and attention layers, with an MTP head) and a pure
+recurrent Mamba-2, whose caches cannot simply drop positions. Rewinds restore saved states (or use
+llama.cpp's snapshots); the output must not change for it.
+
+Each model is a few MB and decodes in milliseconds, so these tests run in seconds; none may run while
+another process spins llama.cpp's threads on these cores (they would only be slower, not wrong).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiny_gguf
+from scipy.stats import chisquare
+
+from specchat.errors import SpecchatError
+from specchat.llama.model import Model
+from specchat.llama.session import Memory
+from specchat.llama.template import Message
+from specchat.service.chat import ChatService
+from specchat.service.choices import ModelChoice
+from specchat.service.loader import load_pair
+from specchat.spec.engine import Engine, GenerationConfig, final
+from specchat.spec.guessers import AutoGuesser, DraftGuesser, MtpGuesser, NoGuesser, build
+from specchat.spec.policy import CostCurve
+from specchat.spec.sampling import SamplingConfig, logits_to_probs
+
+pytestmark = pytest.mark.real  # the default tokenizer is copied from SmolLM2's GGUF, fetched from the registry
+REPO = Path(__file__).resolve().parent.parent
+SMALL_VOCAB = 40
+# Verifying costs about one step whatever its length, and a drafted token a tenth of one: a GPU's
+# shape, on which auto guesses whenever it can, which is what these tests need it to do.
+FLAT = CostCurve([0.010 + 0.0002 * n for n in range(32)], draft_s=0.001, mtp_s=0.001)
+TEXT = ("The lighthouse keeper climbed the stairs. The lighthouse keeper lit the lamp. "
+        "The lighthouse keeper watched the sea, and the sea watched the lighthouse keeper.")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """One file per architecture and tokenizer, written once for the module."""
+    out = tmp_path_factory.mktemp("tiny")
+    made = {}
+    for arch in ("qwen35", "mamba2"):
+        made[arch] = tiny_gguf.write(arch, out / f"{arch}.gguf")
+        made[f"{arch}-small"] = tiny_gguf.write(arch, out / f"{arch}-small.gguf", vocab=SMALL_VOCAB, seed=1)
+    return made
+
+
+def model(path: Path, n_ctx: int = 1024) -> Model:
+    return Model(path, n_ctx=n_ctx, n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def targets(files) -> dict[str, Model]:
+    """The targets, loaded once: the tests leave each session as they found it or clear it."""
+    loaded = {name: model(path) for name, path in files.items()}
+    yield loaded
+    for m in loaded.values():
+        m.close()
+
+
+def plain_ids(target: Model, prompt: list[int], n: int) -> tuple[int, ...]:
+    target.session.clear()
+    return final(Engine(target, NoGuesser()).generate(prompt, GenerationConfig(max_tokens=n))).token_ids
+
+
+# --- the memory kinds, and the rewind itself ------------------------------------------------------------
+
+
+def test_each_memory_is_known_for_what_it_is(targets, smol):
+    assert targets["qwen35"].memory is Memory.ROLLBACK and targets["qwen35"].rollback_depth >= 4
+    assert targets["mamba2"].memory is Memory.CHECKPOINT and targets["mamba2"].rollback_depth == 0
+    assert smol.memory is Memory.TRIM
+    assert targets["qwen35"].n_nextn == 1 and targets["mamba2"].n_nextn == 0
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
+def test_a_rewind_brings_back_exactly_the_state_it_left(targets, files, arch):
+    """Decode A, B (and more), rewind to the end of B: the logits after the next token are the same,
+    to the bit, as a model that decoded only A and B the same way (one batch each)."""
+    rng = np.random.default_rng(0)
+    a, b, junk = (rng.integers(3, 1000, n).tolist() for n in (24, 6, 9))
+    fresh = model(files[arch])
+    try:
+        fresh.session.decode(a, "none")
+        fresh.session.decode(b, "none")
+        expected = np.array(fresh.session.decode([7], "last")[0])
+    finally:
+        fresh.close()
+    session = targets[arch].session
+    session.clear()
+    session.decode(a, "none")
+    session.checkpoint(lasting=True)
+    session.decode(b, "none")
+    session.decode(junk, "none")
+    session.decode(junk[:1], "none")  # beyond any snapshot: only the saved state brings A + B back
+    before = session.stats.restores
+    session.rewind(len(a) + len(b))
+    assert session.tokens == a + b and session.stats.restores == before + 1
+    assert np.array_equal(np.array(session.decode([7], "last")[0]), expected)
+    session.clear()
+
+
+def test_a_rollback_within_the_last_decode_uses_llama_cpps_snapshots(targets):
+    """The hybrid model steps back up to its snapshots without a saved state; one step further than
+    the last decode holds would read a stale snapshot, and is restored instead."""
+    session = targets["qwen35"].session
+    session.clear()
+    session.decode(list(range(10, 40)), "none")
+    session.decode(list(range(50, 55)), "none")
+    restores = session.stats.restores
+    session.rewind(32)  # 3 back, inside the last decode of 5
+    assert session.stats.restores == restores and len(session.tokens) == 32
+    session.decode([60], "none")
+    session.rewind(31)  # 1 back from a decode of 1: no snapshot covers it
+    assert session.stats.restores == restores + 1 and session.tokens == list(range(10, 40)) + [50]
+    session.clear()
+
+
+# --- the output does not change -------------------------------------------------------------------------
+
+
+OTHER = {"qwen35": "mamba2", "mamba2": "qwen35", "qwen35-small": "mamba2-small", "mamba2-small": "qwen35-small"}
+
+
+@pytest.mark.parametrize("drafting", ["itself", "the other model"])
+@pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
+def test_greedy_speculative_output_equals_plain_decoding(files, arch, drafting):
+    """Lookup, a draft model (the model itself, which agrees on everything, or the other architecture,
+    same tokenizer, which does not), the MTP head where the model has one, and auto on a curve that
+    makes it guess: token for token what plain decoding gives."""
+    draft = files[arch] if drafting == "itself" else files[OTHER[arch]]
+    pair = load_pair(ModelChoice(target=files[arch], draft=draft, n_ctx=1024, threads=1))
+    try:
+        target = pair.target
+        prompt = target.tokenize(TEXT * 2, add_bos=True)
+        expected = plain_ids(target, prompt, 48)
+        names = ["lookup", "draft"] + (["mtp"] if pair.mtp is not None else [])
+        for name in names:
+            config = GenerationConfig(max_tokens=48, draft_length=3)
+            done = final(Engine(target, build(name, pair)).generate(prompt, config))
+            assert done.token_ids == expected, f"{name} on {arch}"
+            assert done.stats.drafted > 0, f"{name} guessed nothing on {arch}"
+        auto = AutoGuesser(FLAT.copy(), DraftGuesser(pair.draft), piece=target.piece,
+                           mtp=MtpGuesser(pair.mtp) if pair.mtp is not None else None)
+        done = final(Engine(target, auto).generate(prompt, GenerationConfig(max_tokens=48)))
+        assert done.token_ids == expected and done.stats.drafted > 0
+    finally:
+        pair.close()
+
+
+# --- sampling at T=1 is exactly the target's ------------------------------------------------------------
+
+
+def exact_first_two(target: Model, prompt: list[int]) -> np.ndarray:
+    """The target's joint distribution of the first two tokens at T=1, by enumeration: (V, V + 1), the
+    last column for an answer that ended with its first token."""
+    session = target.session
+    session.clear()
+    session.decode(prompt[:-1], "none")
+    session.checkpoint(lasting=True)
+    first = logits_to_probs(np.array(session.decode(prompt[-1:], "last")[0]), SamplingConfig(1.0))
+    joint = np.zeros((target.n_vocab, target.n_vocab + 1))
+    for t in range(target.n_vocab):
+        if target.is_eog(t):
+            joint[t, -1] = first[t]
+            continue
+        session.rewind(len(prompt))
+        joint[t, :-1] = first[t] * logits_to_probs(np.array(session.decode([t], "last")[0]), SamplingConfig(1.0))
+    session.clear()
+    return joint
+
+
+def chi_square(counts: np.ndarray, expected: np.ndarray) -> float:
+    """p-value of the counts against the distribution, cells with too little mass for the test merged."""
+    n = counts.sum()
+    big = expected * n >= 5
+    observed = np.append(counts[big], counts[~big].sum())
+    wanted = np.append(expected[big], expected[~big].sum()) * n
+    return float(chisquare(observed, wanted).pvalue)
+
+
+@pytest.mark.parametrize("arch", ["qwen35-small", "mamba2-small"])
+def test_sampled_first_tokens_follow_the_targets_distribution(files, arch):
+    """The first two tokens of 2,000 answers at T=1, per guesser, against the exact joint distribution:
+    lookup (a point-mass proposal), the model drafting for itself and the MTP head (sampled from q).
+    Each guesser has to have taken the rejection branch often, or the test shows nothing."""
+    # The draft is the other architecture, with the same tokenizer: its q differs from p, as a draft's does.
+    pair = load_pair(ModelChoice(target=files[arch], draft=files[OTHER[arch]], n_ctx=256, threads=1))
+    try:
+        target = pair.target
+        # A repeated phrase, so that lookup proposes on the first step.
+        prompt = [1] + target.tokenize("the sea and the sea and the sea and the", add_bos=False)
+        joint = exact_first_two(target, prompt)
+        names = ["lookup", "draft"] + (["mtp"] if pair.mtp is not None else [])
+        for name in names:
+            counts = np.zeros_like(joint)
+            guesser, rejected = build(name, pair), 0
+            for seed in range(2000):
+                config = GenerationConfig(SamplingConfig(1.0, seed=seed), max_tokens=2, draft_length=2)
+                done = final(Engine(target, guesser).generate(prompt, config))
+                ids = done.token_ids
+                counts[ids[0], ids[1] if len(ids) > 1 else -1] += 1
+                rejected += done.stats.rejections
+            assert rejected > 200, f"{name}: the residual was seldom sampled ({rejected})"
+            assert chi_square(counts.ravel(), joint.ravel()) > 1e-3, f"{name} on {arch}"
+    finally:
+        pair.close()
+
+
+# --- conversations: a second turn, regenerate, edit-last ------------------------------------------------
+
+
+def answer(service: ChatService, messages: list[Message], guesser: str = "auto"):
+    return final(service.chat(messages, GenerationConfig(max_tokens=24), guesser))
+
+
+def fresh_answer(path: Path, prompt: list[int]) -> tuple[int, ...]:
+    """What a new process gives for the same prompt tokens: the model loaded anew, nothing cached,
+    plain decoding. (The tokens, not the text: a conversation that goes on keeps its answers' tokens
+    as they were generated, which a tokenizer reading the text anew may split otherwise.)"""
+    fresh = Model(path, n_ctx=1024, n_threads=1)
+    try:
+        return plain_ids(fresh, prompt, 24)
+    finally:
+        fresh.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
+def test_a_second_turn_regenerate_and_edit_give_what_a_fresh_process_gives(files, arch):
+    """Through the conversation service, as the app and `serve` use it, with auto guessing (a flat curve):
+    the second turn reuses the cache, regenerate and edit-last come back to saved states, and each answer
+    equals a fresh model's plain one."""
+    pair = load_pair(ModelChoice(target=files[arch], n_ctx=1024, threads=1))
+    pair._curve = FLAT.copy()  # this machine's curve would have auto guess seldom
+    service = ChatService(pair)
+    session = pair.target.session
+    try:
+        first = [Message("system", "Be brief."), Message("user", TEXT)]
+        one = answer(service, first)
+        assert one.stats.drafted > 0 and one.token_ids == fresh_answer(files[arch], service.last_prompt)
+        second = first + [Message("assistant", one.text), Message("user", "Say that again, shorter.")]
+        two = answer(service, second)
+        assert two.stats.cached >= one.stats.n_prompt + len(one.token_ids) - 1  # the first turn's cache, reused
+        assert two.token_ids == fresh_answer(files[arch], service.last_prompt)
+        restores, replayed, prompt = session.stats.restores, session.stats.replayed, service.last_prompt
+        again = answer(service, second)  # regenerate: the same history, back to the prompt's end
+        assert service.last_prompt == prompt and again.token_ids == two.token_ids
+        # Back to the state saved at the prompt's end: restored, with nothing decoded again.
+        assert session.stats.restores > restores and session.stats.replayed - replayed < 20
+        edited = second[:-1] + [Message("user", "Say it once more, in other words.")]
+        assert answer(service, edited).token_ids == fresh_answer(files[arch], service.last_prompt)
+    finally:
+        service.close()
+
+
+# --- bad cases: one line, and the target runs with what still works -------------------------------------
+
+
+def test_a_state_that_can_be_neither_cut_nor_saved_decodes_plainly_and_says_so(files, monkeypatch):
+    import llama_cpp
+
+    monkeypatch.setattr(llama_cpp, "llama_state_seq_get_data_ext", lambda *args: 0)
+    pair = load_pair(ModelChoice(target=files["mamba2"], n_ctx=512, threads=1))
+    try:
+        warning, = pair.warnings
+        assert "can neither cut nor save" in warning and "decodes plainly" in warning and "\n" not in warning
+        assert ChatService(pair).guessers == ["auto", "none"]
+        with pytest.raises(SpecchatError, match="the lookup guesser cannot run: .*can neither cut nor save"):
+            build("lookup", pair)
+        done = final(ChatService(pair).chat([Message("user", "Hello")], GenerationConfig(max_tokens=8), "auto"))
+        assert done.stats.n_tokens > 0 and done.stats.drafted == 0
+    finally:
+        pair.close()
+
+
+def test_an_mtp_head_that_cannot_be_made_leaves_the_target_running(files, monkeypatch):
+    import llama_cpp
+
+    real = llama_cpp.llama_init_from_model
+    monkeypatch.setattr(llama_cpp, "llama_init_from_model",
+                        lambda model, params: None if params.ctx_type == llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+                        else real(model, params))
+    pair = load_pair(ModelChoice(target=files["qwen35"], n_ctx=512, threads=1))
+    try:
+        warning, = pair.warnings
+        assert warning.startswith("no MTP drafting: llama.cpp could not make an MTP context") and "\n" not in warning
+        assert pair.mtp is None and "mtp" not in ChatService(pair).guessers
+        assert "lookup" in ChatService(pair).guessers
+        with pytest.raises(SpecchatError, match="the mtp guesser cannot run: no MTP drafting"):
+            build("mtp", pair)
+    finally:
+        pair.close()
+
+
+# --- the command line on a generated file ---------------------------------------------------------------
+
+
+def specchat(*args: str, **env: str) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "specchat.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **env}, timeout=300)
+
+
+def test_the_generator_writes_what_generate_accepts(tmp_path):
+    """`python tests/tiny_gguf.py ARCH OUT.gguf`, then `specchat generate` on it with the default guesser."""
+    for arch in ("qwen35", "mamba2"):
+        out = tmp_path / f"{arch}.gguf"
+        subprocess.run([sys.executable, str(REPO / "tests" / "tiny_gguf.py"), arch, str(out)], check=True, timeout=120)
+        result = specchat("generate", "Tell me about the sea.", "--target", str(out), "--max-tokens", "12",
+                          XDG_CACHE_HOME=str(tmp_path / "cache"))
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() and result.stderr.strip().splitlines()[-1].startswith("[auto] 12 tokens")
+
+
+def test_drafts_lists_a_targets_own_mtp_layers_first(files):
+    result = specchat("drafts", str(files["qwen35"]))
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[1]
+    assert "its own MTP layers (1; the mtp guesser)" in first and first.rstrip().endswith("compatible")
+    assert "own MTP" not in specchat("drafts", str(files["mamba2"])).stdout
+
+
+def test_costs_shows_what_a_rollback_costs(files, tmp_path):
+    for arch, memory in (("qwen35", "rollback"), ("mamba2", "checkpoint")):
+        result = specchat("costs", "--target", str(files[arch]), XDG_CACHE_HOME=str(tmp_path))
+        assert result.returncode == 0, result.stderr
+        line = next(line for line in result.stdout.splitlines() if line.startswith("rollback"))
+        assert line.startswith(f"rollback ({memory}): saving the state ") and "restoring it" in line
+    assert "MTP layers:" in specchat("costs", "--target", str(files["qwen35"]), XDG_CACHE_HOME=str(tmp_path)).stdout
