@@ -45,7 +45,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     """One file per architecture and tokenizer, written once for the module."""
     out = tmp_path_factory.mktemp("tiny")
     made = {}
-    for arch in ("qwen35", "mamba2"):
+    for arch in ("qwen35", "mamba2", "gemma4", "gemma4-assistant"):
         made[arch] = tiny_gguf.write(arch, out / f"{arch}.gguf")
         made[f"{arch}-small"] = tiny_gguf.write(arch, out / f"{arch}-small.gguf", vocab=SMALL_VOCAB, seed=1)
     return made
@@ -58,7 +58,7 @@ def model(path: Path, n_ctx: int = 1024) -> Model:
 @pytest.fixture(scope="module")
 def targets(files) -> dict[str, Model]:
     """The targets, loaded once: the tests leave each session as they found it or clear it."""
-    loaded = {name: model(path) for name, path in files.items()}
+    loaded = {name: model(path) for name, path in files.items() if "assistant" not in name}
     yield loaded
     for m in loaded.values():
         m.close()
@@ -128,6 +128,22 @@ def test_a_rollback_within_the_last_decode_uses_llama_cpps_snapshots(targets):
 OTHER = {"qwen35": "mamba2", "mamba2": "qwen35", "qwen35-small": "mamba2-small", "mamba2-small": "qwen35-small"}
 
 
+def test_a_gemma4_assistant_given_as_the_draft_becomes_the_targets_mtp_head(files):
+    """Gemma 4's drafter reads the target's own cache (one memory for both); greedy output is unchanged."""
+    pair = load_pair(ModelChoice(target=files["gemma4"], draft=files["gemma4-assistant"], n_ctx=1024, threads=1))
+    try:
+        assert pair.draft is None and pair.mtp is not None and pair.mtp.shared and pair.warnings == []
+        target = pair.target
+        assert target.n_swa > 0 and target.memory is Memory.TRIM
+        prompt = target.tokenize(TEXT * 2, add_bos=True)
+        expected = plain_ids(target, prompt, 48)
+        for name in ("mtp", "lookup"):
+            done = final(Engine(target, build(name, pair)).generate(prompt, GenerationConfig(max_tokens=48, draft_length=3)))
+            assert done.token_ids == expected and done.stats.drafted > 0, name
+    finally:
+        pair.close()
+
+
 @pytest.mark.parametrize("drafting", ["itself", "the other model"])
 @pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
 def test_greedy_speculative_output_equals_plain_decoding(files, arch, drafting):
@@ -185,19 +201,21 @@ def chi_square(counts: np.ndarray, expected: np.ndarray) -> float:
     return float(chisquare(observed, wanted).pvalue)
 
 
-@pytest.mark.parametrize("arch", ["qwen35-small", "mamba2-small"])
+@pytest.mark.parametrize("arch", ["qwen35-small", "mamba2-small", "gemma4-small"])
 def test_sampled_first_tokens_follow_the_targets_distribution(files, arch):
     """The first two tokens of 2,000 answers at T=1, per guesser, against the exact joint distribution:
     lookup (a point-mass proposal), the model drafting for itself and the MTP head (sampled from q).
     Each guesser has to have taken the rejection branch often, or the test shows nothing."""
     # The draft is the other architecture, with the same tokenizer: its q differs from p, as a draft's does.
-    pair = load_pair(ModelChoice(target=files[arch], draft=files[OTHER[arch]], n_ctx=256, threads=1))
+    # Gemma 4's is its assistant: the MTP head, and no draft model.
+    draft = files["gemma4-assistant-small"] if arch == "gemma4-small" else files[OTHER[arch]]
+    pair = load_pair(ModelChoice(target=files[arch], draft=draft, n_ctx=256, threads=1))
     try:
         target = pair.target
         # A repeated phrase, so that lookup proposes on the first step.
         prompt = [1] + target.tokenize("the sea and the sea and the sea and the", add_bos=False)
         joint = exact_first_two(target, prompt)
-        names = ["lookup", "draft"] + (["mtp"] if pair.mtp is not None else [])
+        names = ["lookup"] + (["draft"] if pair.draft is not None else []) + (["mtp"] if pair.mtp is not None else [])
         for name in names:
             counts = np.zeros_like(joint)
             guesser, rejected = build(name, pair), 0
@@ -279,6 +297,18 @@ def test_a_state_that_can_be_neither_cut_nor_saved_decodes_plainly_and_says_so(f
         pair.close()
 
 
+def test_an_assistant_made_for_another_target_is_left_out_in_one_line(files):
+    pair = load_pair(ModelChoice(target=files["qwen35"], draft=files["gemma4-assistant"], n_ctx=512, threads=1))
+    try:
+        warning = next(w for w in pair.warnings if "gemma4-assistant" in w)
+        assert warning == (f"no MTP drafting: {files['gemma4-assistant'].name} was not made for qwen35.gguf: it drafts "
+                           "for gemma4 models and the target is qwen35; the target runs with its other guessers")
+        assert pair.draft is None and "lookup" in ChatService(pair).guessers
+        assert pair.mtp is not None and not pair.mtp.shared  # its own MTP layers draft instead
+    finally:
+        pair.close()
+
+
 def test_an_mtp_head_that_cannot_be_made_leaves_the_target_running(files, monkeypatch):
     import llama_cpp
 
@@ -334,3 +364,10 @@ def test_costs_shows_what_a_rollback_costs(files, tmp_path):
         line = next(line for line in result.stdout.splitlines() if line.startswith("rollback"))
         assert line.startswith(f"rollback ({memory}): saving the state ") and "restoring it" in line
     assert "MTP layers:" in specchat("costs", "--target", str(files["qwen35"]), XDG_CACHE_HOME=str(tmp_path)).stdout
+
+
+def test_an_assistant_file_on_its_own_is_one_clear_line(files):
+    with pytest.raises(SpecchatError) as error:
+        Model(files["gemma4-assistant"], n_ctx=256)
+    assert str(error.value) == ("gemma4-assistant.gguf is a gemma4-assistant file: the MTP layers of another model, "
+                                "not a model of its own; give it as --draft to the model it was made for")

@@ -18,6 +18,7 @@ import llama_cpp
 from llama_cpp import _internals, _logger
 
 from specchat.errors import SpecchatError
+from specchat.llama.mtp import ASSISTANTS
 from specchat.llama.session import Memory, Session
 
 GGUF_MAGIC = b"GGUF"
@@ -46,19 +47,24 @@ def _extra_buffers() -> bool:
 
 
 _backend_ready = False
-_logger.set_verbose(False)  # llama.cpp's load and context logs are for its own debugging
 _GGML_LOG_LEVEL_ERROR = 4  # ggml.h of the vendored llama.cpp (llama-cpp-python's _logger comment is stale)
+# llama.cpp's own log is for debugging llama.cpp. llama-cpp-python's logger maps the vendored levels
+# one off (its WARN is ggml's INFO), so it printed llama.cpp's warnings over a one-line error: it gets
+# the lines only when asked for.
+_FORWARD_LOG = os.environ.get("SPECCHAT_LLAMA_LOG") == "1"
+_logger.set_verbose(_FORWARD_LOG)
 _load_log = threading.local()  # .lines: llama.cpp's error lines while this thread loads a model
 
 
 @llama_cpp.llama_log_callback
 def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp says why a model failed to load only in its log (the API just returns NULL), so
-    # the loading thread keeps its error lines; all lines still go to llama-cpp-python's logger.
+    # the loading thread keeps its error lines.
     lines = getattr(_load_log, "lines", None)
     if lines is not None and level == _GGML_LOG_LEVEL_ERROR:
         lines.append(text.decode("utf-8", "replace").strip())
-    _logger.llama_log_callback(level, text, user_data)
+    if _FORWARD_LOG:
+        _logger.llama_log_callback(level, text, user_data)
 
 
 llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
@@ -119,7 +125,7 @@ class Model:
     """A GGUF model loaded in llama.cpp with one context for a single sequence."""
 
     def __init__(self, path: str | os.PathLike[str], n_ctx: int = 4096, n_threads: int | None = None,
-                 n_batch: int = 512, n_gpu_layers: int | None = None) -> None:
+                 n_batch: int = 512, n_gpu_layers: int | None = None, swa_full: bool = True) -> None:
         self.path = Path(path)
         check_gguf(self.path)
         ensure_backend()
@@ -132,6 +138,11 @@ class Model:
                 self._model = _internals.LlamaModel(path_model=str(self.path), params=mparams, verbose=False)
             except ValueError:
                 raise _load_error(self.path, log) from None
+        arch = self._model.metadata().get("general.architecture", "")
+        if arch in ASSISTANTS:
+            self._model.close()
+            raise SpecchatError(f"{self.path.name} is a {arch} file: the MTP layers of another model, not a model of "
+                                "its own; give it as --draft to the model it was made for")
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
@@ -142,7 +153,7 @@ class Model:
         # A sliding-window model's cache of full size (llama.cpp's default, said here so that it stays so):
         # positions can then be dropped from the end at any depth, as in any attention cache. The smaller
         # one reuses the cells that fell out of the window, and a rewind past them would read garbage.
-        cparams.swa_full = True
+        cparams.swa_full = swa_full  # False only to measure what the full size costs (`specchat costs`)
         model = self._model.model
         self.recurrent = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
         if self.recurrent:

@@ -32,6 +32,26 @@ if TYPE_CHECKING:
     from specchat.llama.model import Model
 
 
+# What an assistant reads of its target's cache must have the shape it expects: llama.cpp checks
+# none of it, and a mismatch reads the wrong cells rather than failing (llama-kv-cache.cpp's views).
+_SHARED_SHAPE = ("attention.key_length", "attention.key_length_swa", "attention.head_count_kv",
+                 "attention.sliding_window")
+_TARGET_OF = {"gemma4-assistant": "gemma4"}
+ASSISTANTS = frozenset(_TARGET_OF)  # architectures of MTP layers made for another model (Gemma 4's drafters)
+
+
+def _assistant_mismatch(target: dict[str, str], assistant: dict[str, str]) -> str | None:
+    """Why an assistant file cannot draft for this target, or None."""
+    arch, target_arch = assistant.get("general.architecture", ""), target.get("general.architecture", "")
+    if arch in _TARGET_OF and target_arch != _TARGET_OF[arch]:
+        return f"it drafts for {_TARGET_OF[arch]} models and the target is {target_arch or 'of no known kind'}"
+    for key in _SHARED_SHAPE:
+        ours, theirs = target.get(f"{target_arch}.{key}"), assistant.get(f"{arch}.{key}")
+        if ours != theirs:
+            return f"its {key} is {theirs} and the target's {ours}"
+    return None
+
+
 class MtpHead:
     """The MTP layers of `target` (or of an assistant file made for it), kept in step with its cache."""
 
@@ -40,6 +60,7 @@ class MtpHead:
 
         self.target, self._assistant = target, None
         model = target._model.model
+        what = f"{assistant.name}" if assistant is not None else f"the MTP layers of {target.path.name}"
         if assistant is not None:
             check_gguf(assistant)
             params = llama_cpp.llama_model_default_params()
@@ -50,7 +71,10 @@ class MtpHead:
                 except ValueError:
                     raise _load_error(assistant, log) from None
             model = self._assistant.model
-        what = f"{assistant.name}" if assistant is not None else f"the MTP layers of {target.path.name}"
+            mismatch = _assistant_mismatch(target.metadata, self._assistant.metadata())
+            if mismatch:
+                self.close()
+                raise SpecchatError(f"{what} was not made for {target.path.name}: {mismatch}")
         if llama_cpp.llama_model_n_layer_nextn(model) < 1:
             raise SpecchatError(f"{what}: no MTP (NextN) layers to draft with")
         self.n_embd = int(llama_cpp.llama_model_n_embd_out(model) or llama_cpp.llama_model_n_embd(model))
@@ -143,6 +167,7 @@ class MtpHead:
     def close(self) -> None:
         if self in getattr(self.target.session, "followers", []):
             self.target.session.followers.remove(self)
+            ext.llama_set_embeddings_nextn(self.target._ctx.ctx, False, False)
         if getattr(self, "_batch", None) is not None:
             self._batch.token = ctypes.POINTER(llama_cpp.llama_token)()  # ours, not llama.cpp's to free
             llama_cpp.llama_batch_free(self._batch)

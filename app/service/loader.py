@@ -13,7 +13,7 @@ from pathlib import Path
 
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
-from specchat.llama.mtp import MtpHead
+from specchat.llama.mtp import ASSISTANTS, MtpHead
 from specchat.llama.session import Memory
 from specchat.llama.vocab import VocabFile, check_compatible
 from specchat.models.catalog import Catalog, load_catalog
@@ -104,8 +104,9 @@ def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Ca
     rewinds = _rewinds(target, warnings)
     mtp, draft = None, None
     if draft_path is not None and _architecture(draft_path) in ASSISTANTS:
-        mtp, draft_path = _mtp_head(target, draft_path, warnings), None  # an MTP head made for the target
-    elif target.n_nextn:
+        # Not a model of its own but MTP layers made for another model's hidden state: the target's head.
+        mtp, draft_path = _mtp_head(target, draft_path, warnings), None
+    if mtp is None and target.n_nextn:
         mtp = _mtp_head(target, None, warnings)
     if draft_path is not None:
         try:
@@ -124,11 +125,6 @@ def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Ca
     loaded = LoadedPair(target, draft, mtp, rewinds)
     loaded.warnings = warnings
     return loaded
-
-
-# Architectures of files that are not models of their own but MTP layers made for another model's
-# hidden state (Gemma 4's drafters): given as a draft, they become the target's MTP head.
-ASSISTANTS = {"gemma4-assistant"}
 
 
 def _architecture(path: Path) -> str:

@@ -173,7 +173,7 @@ class SpecchatApp(App[None]):
         for warning in backend.warnings:  # e.g. the draft failed to load: lookup and plain decoding still work
             self.notify(warning, severity="warning", timeout=20)
         if backend.server is not None:
-            self.chat.status(f"ready · {backend.name}")
+            self.chat.status(f"ready · remote · {backend.name}")
         else:
             only = " · lookup and plain decoding only (see the notice)" if backend.warnings and \
                 "draft" not in backend.guessers else ""
