@@ -3,6 +3,8 @@ rewind past the 512-token window works like any other, and a base model is compl
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +64,13 @@ def test_a_base_model_is_refused_a_chat_and_completes_raw_text():
     raw = specchat("The capital of France is", "--raw")
     assert raw.returncode == 0, raw.stderr
     assert raw.stdout.strip() and raw.stderr.strip().splitlines()[-1].startswith("[auto] ")
+
+
+def test_costs_says_what_the_full_size_window_cache_takes(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "specchat.cli", "costs", "--target", str(model_path("gemma-3-270m")),
+                             "--ctx", "4096"], capture_output=True, text=True, cwd=REPO, timeout=600,
+                            env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("cache: "))
+    full, small = map(float, re.search(r"([\d.]+) MiB for the 4096-token context, against ([\d.]+) MiB", line).groups())
+    assert line.startswith("cache: sliding window of 512 tokens, kept at full size") and full > 2 * small

@@ -53,15 +53,17 @@ _GGML_LOG_LEVEL_ERROR = 4  # ggml.h of the vendored llama.cpp (llama-cpp-python'
 # the lines only when asked for.
 _FORWARD_LOG = os.environ.get("SPECCHAT_LLAMA_LOG") == "1"
 _logger.set_verbose(_FORWARD_LOG)
-_load_log = threading.local()  # .lines: llama.cpp's error lines while this thread loads a model
+_load_log = threading.local()  # .lines, .level: what llama.cpp logs while this thread loads a model
+# The size of each cache llama.cpp allocates for a context, as it reports it (no API says).
+_CACHE_SIZE = re.compile(r"llama_(?:kv_cache|memory_recurrent): size = +([\d.]+) MiB")
 
 
 @llama_cpp.llama_log_callback
 def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # llama.cpp says why a model failed to load only in its log (the API just returns NULL), so
-    # the loading thread keeps its error lines.
+    # the loading thread keeps its error lines (and, while it makes a context, what it allocates).
     lines = getattr(_load_log, "lines", None)
-    if lines is not None and level == _GGML_LOG_LEVEL_ERROR:
+    if lines is not None and level >= _load_log.level:
         lines.append(text.decode("utf-8", "replace").strip())
     if _FORWARD_LOG:
         _logger.llama_log_callback(level, text, user_data)
@@ -88,9 +90,10 @@ def check_gguf(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _llama_errors() -> Iterator[list[str]]:
-    """The error lines llama.cpp logs on this thread inside the block."""
-    _load_log.lines = lines = []
+def _llama_errors(level: int = _GGML_LOG_LEVEL_ERROR) -> Iterator[list[str]]:
+    """The lines llama.cpp logs on this thread inside the block, from `level` up (ggml's: 2 is INFO)."""
+    lines: list[str] = []
+    _load_log.lines, _load_log.level = lines, level
     try:
         yield lines
     finally:
@@ -158,11 +161,14 @@ class Model:
         self.recurrent = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
         if self.recurrent:
             cparams.n_rs_seq = ROLLBACK_SNAPSHOTS  # llama.cpp grants none where the architecture cannot
-        try:
-            self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
-        except ValueError:
-            raise SpecchatError(f"llama.cpp could not create a {n_ctx}-token context for {self.path} "
-                                "(out of memory? try a smaller --ctx)") from None
+        with _llama_errors(level=2) as log:
+            try:
+                self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
+            except ValueError:
+                raise SpecchatError(f"llama.cpp could not create a {n_ctx}-token context for {self.path} "
+                                    "(out of memory? try a smaller --ctx)") from None
+        # What the context's caches take in memory (attention, sliding window, recurrent state).
+        self.cache_mib = sum(float(m[1]) for line in log if (m := _CACHE_SIZE.search(line)))
         self.vocab = self._model.vocab
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx.ctx)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import llama_cpp
-
 from specchat.llama.model import Model
 from specchat.models.fetch import Progress
 from specchat.service.choices import ModelChoice
@@ -24,6 +22,8 @@ def run_costs(choice: ModelChoice, remeasure: bool, progress: Progress | None = 
         print(f"MTP layers: {1000 * curve.mtp_s:.1f} ms per token, {curve.mtp_s / one:.2f}x a target step")
     if pair.target.n_swa:
         print(_window_cache(pair.target))
+    else:
+        print(f"cache: {pair.target.cache_mib:.2f} MiB for the {pair.target.n_ctx}-token context")
     r, memory = curve.rollback, pair.target.memory.value
     if r is None:
         print(f"rollback ({memory}): a rejected guess is cut from the cache, at no cost")
@@ -36,19 +36,10 @@ def run_costs(choice: ModelChoice, remeasure: bool, progress: Progress | None = 
 
 
 def _window_cache(target: Model) -> str:
-    """What keeping a sliding-window model's cache at full size costs: the cache's contents after a long
-    prompt, full-size (what specchat uses: any rewind works) against window-sized (llama-server's default)."""
-    n = min(target.n_ctx - 1, 4 * target.n_swa)
-    tokens = [target.n_vocab // 2] * n
-    sizes = []
+    """What keeping a sliding-window model's cache at full size costs: its caches as llama.cpp allocates
+    them, full-size (what specchat uses: any rewind works) against window-sized (llama-server's default)."""
     small = Model(target.path, n_ctx=target.n_ctx, n_threads=target.n_threads, swa_full=False)
-    try:
-        for model in (target, small):
-            model.session.clear()
-            model.session.decode(tokens, "none")
-            sizes.append(llama_cpp.llama_state_seq_get_size(model.session._ctx, 0))
-            model.session.clear()
-    finally:
-        small.close()
-    return (f"cache: sliding window of {target.n_swa} tokens, kept at full size so that any rewind works: after "
-            f"{n} tokens it holds {sizes[0] / 2**20:.1f} MiB, against {sizes[1] / 2**20:.1f} MiB for a window-sized one")
+    small.close()
+    return (f"cache: sliding window of {target.n_swa} tokens, kept at full size so that any rewind works: "
+            f"{target.cache_mib:.1f} MiB for the {target.n_ctx}-token context, against {small.cache_mib:.1f} MiB "
+            "for a window-sized one")
