@@ -276,7 +276,7 @@ def _chat(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from specchat.llama.template import Message
-    from specchat.service.chat import ChatService
+    from specchat.service.chat import ChatService, Notice
     from specchat.service.loader import load_pair
     from specchat.spec.engine import Done, Step
 
@@ -297,14 +297,18 @@ def _generate(args: argparse.Namespace) -> int:
         if isinstance(event, Step) and event.text:
             sys.stdout.write(event.text)
             sys.stdout.flush()
+        elif isinstance(event, Notice):
+            print(f"specchat: {event.text}", file=sys.stderr)
         elif isinstance(event, Done):
             if event.text and not event.text.endswith("\n"):
                 sys.stdout.write("\n")
             s = event.stats
+            speedup = "" if event.speedup is None else f", {event.speedup:.2f}x plain" + (
+                f" (uncertain: the machine was busy, steps {event.slowdown:.1f}x slower than usual)" if event.busy else "")
             print(f"[{guesser}] {s.n_tokens} tokens in {s.decode_s:.2f}s: {s.tokens_per_s:.1f} tok/s "
                   f"({s.wall_tokens_per_s:.1f} as shown), "
                   f"{s.tokens_per_step:.2f} tokens/step, acceptance {s.acceptance:.2f} "
-                  f"({s.accepted}/{s.drafted}), prompt {s.n_prompt} tokens in {s.prefill_s:.2f}s, "
+                  f"({s.accepted}/{s.drafted}){speedup}, prompt {s.n_prompt} tokens in {s.prefill_s:.2f}s, "
                   f"stop: {event.reason}", file=sys.stderr)
     return 0
 

@@ -26,6 +26,21 @@ def _a_user_of_its_own(tmp_path_factory: pytest.TempPathFactory) -> None:
     patch.undo()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _the_shared_models_are_only_read() -> None:
+    """The models dir is shared with the user (and between runs): the tests may fetch the catalog's
+    models into it, and nothing else. A test that fetches or writes something else uses its own."""
+    from specchat.models.fetch import models_dir
+
+    folder = models_dir()
+    before = set(folder.iterdir()) if folder.is_dir() else set()
+    yield
+    files = {entry.file for entry in load_catalog().models.values()}
+    allowed = files | {f".{name}.lock" for name in files}
+    strays = sorted(p.name for p in set(folder.iterdir()) - before if p.name not in allowed) if folder.is_dir() else []
+    assert strays == [], f"tests left {strays} in the shared models dir {folder}"
+
+
 def model_path(name: str) -> Path:
     return resolve(load_catalog().model(name))
 

@@ -33,6 +33,7 @@ class FakeBackend:
         self.pauses = 0  # how many times a generation has paused
         self._resume = threading.Semaphore(0)
         self.closed = False
+        self.closing = threading.Event()
         self.last_done: Done | None = None
         # As in LocalBackend: a lock held for the whole of a generation, which close() waits for.
         self.lock = threading.Lock()
@@ -61,6 +62,7 @@ class FakeBackend:
         progress("loading fake models", 1, 1)
 
     def close(self) -> None:
+        self.closing.set()  # called; what follows waits for a running generation
         with self.lock:  # as LocalBackend: only once any running generation has ended
             self.closed = True
             self._note("close")

@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 
 COLUMNS = ("trials", "faults", "inputs", "lost")
 FIGURES: dict[str, Counter[str]] = defaultdict(Counter)
+NOT_RUN: dict[str, str] = {}  # areas whose tests could not run here, and why: their row says so
 
 
 def tally(area: str, **counts: int) -> None:
@@ -19,9 +20,18 @@ def tally(area: str, **counts: int) -> None:
     FIGURES[area].update(counts)
 
 
+def not_run(area: str, why: str) -> None:
+    """A test of this area could not run on this machine: the table marks the row, rather than leave a
+    count that says nothing, and then skip."""
+    NOT_RUN[area] = why
+
+
 def table() -> list[str]:
     rows = [f"| {'area':<40} | " + " | ".join(f"{c:>6}" for c in COLUMNS) + " |",
             "| " + "-" * 40 + " | " + " | ".join("-" * 6 for _ in COLUMNS) + " |"]
-    for area in sorted(FIGURES):
-        rows.append(f"| {area:<40} | " + " | ".join(f"{FIGURES[area][c]:>6}" for c in COLUMNS) + " |")
+    for area in sorted(set(FIGURES) | set(NOT_RUN)):
+        if area in NOT_RUN:
+            rows.append(f"| {area:<40} | NOT RUN: {NOT_RUN[area]}")
+        else:
+            rows.append(f"| {area:<40} | " + " | ".join(f"{FIGURES[area][c]:>6}" for c in COLUMNS) + " |")
     return rows

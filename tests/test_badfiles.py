@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from reliability import tally
+from reliability import not_run, tally
 from test_cli import REPO, specchat
 from test_ui import until
 
@@ -138,10 +138,12 @@ def full_disk(tmp_path) -> Path:
     mount = tmp_path / "tmpfs"
     mount.mkdir()
     if shutil.which("mount") is None:
+        not_run("disk full while downloading", "no mount command to make a small file system with")
         pytest.skip("no mount command to make a small file system with")
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m", "tmpfs", str(mount)],
                           capture_output=True, text=True)
     if done.returncode != 0:
+        not_run("disk full while downloading", f"cannot mount a tmpfs to fill (needs root): {done.stderr.strip()}")
         pytest.skip(f"cannot mount a tmpfs to fill (needs root): {done.stderr.strip()}")
     yield mount
     subprocess.run(["umount", str(mount)], check=True)

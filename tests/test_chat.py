@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fakes import FakeBackend
-from test_ui import answered, make_app, send, until
+from test_ui import answered, make_app, send, settled, until
 from textual.widgets import Input, ListView, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownFence
 
@@ -52,7 +52,7 @@ async def test_ctrl_o_while_an_answer_streams_opens_nothing_and_the_answer_finis
         await streaming(pilot, app, backend)
         await pilot.press("ctrl+o")
         await app.chat.run_action("rewrite")  # the command palette's way in (SystemCommand) is shut too
-        await pilot.pause()
+        await settled(pilot, app)
         assert app.screen is app.chat and not isinstance(app.screen, PromptScreen)
         assert len(backend.calls) == 1 and app.generating
         backend.resume()
@@ -79,8 +79,7 @@ async def test_a_pair_change_while_an_answer_streams_waits_for_it(tmp_path):
         old = made[0][1]
         await streaming(pilot, app, old)
         app.apply_settings(replace(app.settings, pair="smollm2-self"))
-        await until(pilot, lambda: not app.ready, "the reload to begin")
-        await pilot.pause()
+        await until(pilot, lambda: old.closing.is_set(), "the reload to reach the old backend's close")
         # The reload waits in old.close() for the answer: nothing is freed or made under it.
         assert len(made) == 1 and not old.closed and app.generating
         old.resume()
@@ -104,11 +103,13 @@ async def test_ctrl_r_hammered_while_streaming_and_after_regenerates_once(tmp_pa
         await send(pilot, app, "Tell me a story")
         await streaming(pilot, app, backend)
         await pilot.press(*["ctrl+r"] * 10)
+        await settled(pilot, app)
         assert len(backend.calls) == 1
         backend.resume()
         await until(pilot, lambda: answered(app), "the answer to finish")
         await pilot.press(*["ctrl+r"] * 10)  # the first regenerates; the rest find it streaming
         await streaming(pilot, app, backend, pauses=2)
+        await settled(pilot, app)
         assert len(backend.calls) == 2
         backend.resume()
         await until(pilot, lambda: answered(app), "the regeneration to finish")

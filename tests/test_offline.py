@@ -172,7 +172,8 @@ def test_generate_opens_no_connection(guarded, env):
 
 @pytest.mark.parametrize("variable", ["HF_HUB_OFFLINE", "SPECCHAT_OFFLINE"])
 def test_offline_missing_model_is_one_line_and_no_connection(guarded, ghost_catalog, variable):
-    result = guarded.offline_trial(*CLI, "generate", "Hi", SPECCHAT_CATALOG=str(ghost_catalog), **{variable: "1"})
+    result = guarded.offline_trial(*CLI, "generate", "Hi", SPECCHAT_CATALOG=str(ghost_catalog),
+                                   SPECCHAT_MODELS_DIR=str(ghost_catalog.parent / "models"), **{variable: "1"})
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("specchat: error: model ghost is not on disk and specchat is offline"), line
@@ -182,7 +183,8 @@ def test_offline_missing_model_is_one_line_and_no_connection(guarded, ghost_cata
 def test_the_guard_sees_a_fetch(guarded, ghost_catalog):
     """The control: online, the same missing model makes specchat reach for the network, and the
     guard sees it, in specchat and in the pip it starts (and refuses it: nothing leaves the machine)."""
-    result, attempts = guarded.run(*CLI, "pull", "ghost", SPECCHAT_CATALOG=str(ghost_catalog), PIP_RETRIES="0")
+    result, attempts = guarded.run(*CLI, "pull", "ghost", SPECCHAT_CATALOG=str(ghost_catalog), PIP_RETRIES="0",
+                                   SPECCHAT_MODELS_DIR=str(ghost_catalog.parent / "models"))  # its own: it writes
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     pids = {line.split()[1] for line in attempts}
     assert any(" socket.getaddrinfo " in a for a in attempts), attempts  # the Hugging Face probe, then pip's index
@@ -207,7 +209,8 @@ def test_app_with_the_offline_setting_chats_without_a_connection(guarded, tmp_pa
 def test_app_offline_setting_refuses_to_fetch(guarded, tmp_path, ghost_catalog):
     """The setting alone (no HF_HUB_OFFLINE): a missing model is an error screen, not a download."""
     result = guarded.offline_trial(str(guarded.app), str(_offline_config(tmp_path, "ghosts")),
-                                   str(tmp_path / "chat.db"), SPECCHAT_CATALOG=str(ghost_catalog))
+                                   str(tmp_path / "chat.db"), SPECCHAT_CATALOG=str(ghost_catalog),
+                                   SPECCHAT_MODELS_DIR=str(tmp_path / "models"))
     assert result.returncode == 2, result.stderr[-3000:]
     assert "is not on disk and specchat is offline (the offline setting)" in result.stderr
 

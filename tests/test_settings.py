@@ -75,7 +75,8 @@ any_settings = st.builds(
     gpu_layers=st.integers(-1, 10_000), draft_gpu_layers=st.integers(-1, 10_000))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, database=None,  # no .hypothesis/ in the working tree
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(first=any_settings, second=any_settings)
 def test_any_settings_survive_saving_over_a_commented_file(tmp_path, first, second):
     path = tmp_path / "config.toml"

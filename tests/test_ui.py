@@ -24,6 +24,14 @@ async def until(pilot, condition, what: str, timeout: float = 15.0) -> None:
         waited += 0.05
 
 
+async def settled(pilot, app: SpecchatApp) -> None:
+    """Wait until every key pressed so far has been handled, before checking that one did nothing: press
+    Ctrl+T twice (provenance on, then off: harmless) and wait for the second's effect, which the chat
+    screen handles after theirs."""
+    await pilot.press("ctrl+t", "ctrl+t")
+    await until(pilot, lambda: str(app.chat.query_one("#status").render()) == "provenance off", "the keys to be handled")
+
+
 def make_app(tmp_path: Path, backend=None, **kwargs) -> SpecchatApp:
     backend = backend or FakeBackend()
     return SpecchatApp(backend_factory=lambda choice: backend, store=Store(tmp_path / "chat.db"),
@@ -211,8 +219,7 @@ async def test_another_pair_closes_the_old_backend_and_loads_a_new_one(tmp_path)
         assert made[0][1].closed and not made[1][1].closed
         assert made[1][0].pair == "smollm2-self" and app.backend is made[1][1]
         app.apply_settings(replace(app.settings, guesser="lookup"))  # not a pair change: nothing reloads
-        await pilot.pause()
-        assert len(made) == 2
+        assert app.ready and len(made) == 2  # a reload would have begun in apply_settings itself
 
 
 class BrokenBackend(FakeBackend):

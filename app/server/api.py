@@ -113,9 +113,12 @@ def usage(stats: Stats) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": stats.cached}}
 
 
-def timings(stats: Stats) -> dict[str, Any]:
+def timings(done: Done) -> dict[str, Any]:
     """llama-server's `timings` object. prompt_n counts the prompt tokens evaluated now, cache_n those
-    reused from the KV cache; predicted_ms is the engine's decode time (draft plus verify)."""
+    reused from the KV cache; predicted_ms is the engine's decode time (draft plus verify). specchat
+    adds the speedup against plain decoding under the same conditions (capped at the tokens per step;
+    null when not known) and whether the machine was busy meanwhile (the speedup is then uncertain)."""
+    stats = done.stats
     prompt_n = stats.n_prompt - stats.cached
     prompt_ms, predicted_ms = stats.prefill_s * 1000, stats.decode_s * 1000
     return {"cache_n": stats.cached,
@@ -125,7 +128,8 @@ def timings(stats: Stats) -> dict[str, Any]:
             "predicted_n": stats.n_tokens, "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_ms / stats.n_tokens if stats.n_tokens else 0.0,
             "predicted_per_second": stats.tokens_per_s,
-            "draft_n": stats.drafted, "draft_n_accepted": stats.accepted}
+            "draft_n": stats.drafted, "draft_n_accepted": stats.accepted,
+            "speedup": done.speedup, "machine_busy": done.busy}
 
 
 def finish_reason(done: Done) -> str:

@@ -118,7 +118,7 @@ class _Shape:
 
     def whole(self, done: Done) -> dict[str, Any]:
         return self._envelope([self._choice(done.text, finish_reason(done), stream=False)], stream=False) | {
-            "usage": usage(done.stats), "timings": timings(done.stats)}
+            "usage": usage(done.stats), "timings": timings(done)}
 
     def opening(self) -> dict[str, Any] | None:
         return self._envelope([self._choice("", None, stream=True, role=True)], stream=True) if self.chat else None
@@ -129,11 +129,11 @@ class _Shape:
     def last(self, done: Done) -> dict[str, Any]:
         # llama-server puts `timings` in the final chunk; so the chunk with finish_reason carries it.
         return self._envelope([self._choice(None, finish_reason(done), stream=True)], stream=True) | {
-            "timings": timings(done.stats)}
+            "timings": timings(done)}
 
     def usage(self, done: Done) -> dict[str, Any]:
         # As OpenAI does with stream_options.include_usage: one more chunk, with no choices.
-        return self._envelope([], stream=True) | {"usage": usage(done.stats), "timings": timings(done.stats)}
+        return self._envelope([], stream=True) | {"usage": usage(done.stats), "timings": timings(done)}
 
 
 async def _respond(request: Request, worker: Worker, work: Callable[[threading.Event], Iterator[ChatEvent]],

@@ -50,7 +50,7 @@ class Counters:
     dropped: int = 0  # jobs whose client left while they waited: never started
     rejected: int = 0  # requests the model side refused (a prompt too long, a token id out of range): 400s
     failed: int = 0  # internal errors: 500s
-    last: dict[str, Any] = field(default_factory=dict)  # the last generation's end: reason and tokens
+    last: dict[str, Any] = field(default_factory=dict)  # the last generation's end: reason, tokens, steps
 
 
 class Job:
@@ -163,4 +163,4 @@ class Worker:
             c.cancelled += 1
         else:
             c.completed += 1
-        c.last = {"reason": done.reason, "predicted_n": done.stats.n_tokens}
+        c.last = {"reason": done.reason, "predicted_n": done.stats.n_tokens, "steps": done.stats.steps}

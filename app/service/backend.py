@@ -10,7 +10,6 @@ backend it has. Both are made by `open_backend`; tests give the app a scripted f
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence, Union
 
@@ -20,9 +19,8 @@ from specchat.models.fetch import Progress
 from specchat.service.chat import ChatService, Notice
 from specchat.service.choices import ModelChoice, RemoteChoice
 from specchat.service.loader import load_pair
-from specchat.spec.engine import Event, GenerationConfig, final
+from specchat.spec.engine import Event, GenerationConfig
 from specchat.spec.guessers import available
-from specchat.store.files import cache_file, read_cache, update_cache
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,6 @@ class LocalBackend:
         self.guessers: list[str] = []
         self._service: ChatService | None = None
         self._closed = False
-        self._baseline = Baseline(None, "not measured yet")
         # Held for the whole of a generation: close() waits for it, so models are never freed
         # under a running generation and two generations never share the engine.
         self._busy = threading.Lock()
@@ -98,10 +95,8 @@ class LocalBackend:
         pair = load_pair(self.choice, progress)
         self.name, self.warnings, self.guessers = pair.name, pair.warnings, available(pair.capabilities)
         progress("measuring this machine's decode costs (first run only)", 0, 1)
-        pair.curve()
+        pair.curve(waiting=lambda line: progress(line, 0, 1))
         self._service = ChatService(pair)
-        progress("measuring plain decoding", 0, 1)
-        self._baseline = self._measure_baseline(self._service)
         progress("ready", 1, 1)
 
     @property
@@ -115,7 +110,14 @@ class LocalBackend:
         return self.service.n_ctx
 
     def baseline(self) -> Baseline:
-        return self._baseline
+        """Plain decoding now: the live curve's one position, which real steps keep current."""
+        if self._service is None or self._service.pair.costs.calibration is None:
+            return Baseline(None, "not measured yet")
+        costs = self._service.pair.costs
+        one = float(costs.curve.verify(1))
+        learned = len(costs.learned.verify.get(1, ()))
+        return Baseline(1 / one, f"one plain step on this machine now, {1000 * one:.0f} ms"
+                        + (f" (from its last {learned} plain steps)" if learned >= 3 else " (as measured)"))
 
     def count_tokens(self, text: str) -> int:
         return self.service.count_tokens(text)
@@ -130,18 +132,4 @@ class LocalBackend:
             if self._service is not None:
                 self._service.close()
             self._service, self._closed = None, True
-
-    def _measure_baseline(self, service: ChatService) -> Baseline:
-        """Plain decoding speed of this target on this machine, timed once and cached."""
-        path, key = cache_file("baseline.json"), service.target.cache_key
-        cached = read_cache(path).get(key)
-        if cached is not None:
-            return Baseline(**cached)
-        done = final(service.chat([Message("user", "Count from one to fifty in words.")],
-                                  GenerationConfig(max_tokens=48), "none"))
-        baseline = Baseline(done.stats.tokens_per_s,
-                            f"plain decoding timed once on this machine ({done.stats.n_tokens} tokens, "
-                            f"{time.strftime('%Y-%m-%d')}), cached per model file and thread count")
-        update_cache(path, key, baseline.__dict__)
-        return baseline
 

@@ -14,8 +14,9 @@ from typing import Iterator, Sequence, Union
 
 from specchat.errors import SpecchatError
 from specchat.llama.template import ChatPrompter, Message
+from specchat.service.costs import machine_turns
 from specchat.service.loader import LoadedPair
-from specchat.spec.engine import Done, Engine, Event, GenerationConfig
+from specchat.spec.engine import Done, Engine, Event, GenerationConfig, Stats, Step
 from specchat.spec.guessers import Guesser, available, build, unavailable
 
 # Room kept for the answer when old turns must go: the max-tokens setting, up to this much.
@@ -110,10 +111,42 @@ class ChatService:
         return prompt, dropped
 
     def _generate(self, prompt: list[int], config: GenerationConfig, guesser: str,
-                  cancel: threading.Event | None, continued: bool) -> Iterator[Event]:
+                  cancel: threading.Event | None, continued: bool) -> Iterator[ChatEvent]:
         self.engine.guesser = self._guesser(guesser, continued)
         self.last_prompt = prompt
-        yield from self.engine.generate(prompt, config, cancel)
+        turns = machine_turns()
+        for line in turns.wait(cancel):
+            yield Notice(line)
+        if not turns.has:  # stopped while it waited for another process's answer
+            yield Done("cancelled", "", (), Stats(n_prompt=len(prompt)))
+            return
+        try:
+            for event in self._timed(self.engine.generate(prompt, config, cancel), config.sampling.seed is None):
+                if isinstance(event, Done):  # the machine is free as soon as the answer is
+                    turns.release()
+                yield event
+        finally:
+            turns.release()
+
+    def _timed(self, events: Iterator[Event], learn: bool) -> Iterator[Event]:
+        """The engine's events, its steps teaching the pair's costs (not with a seed: a seeded answer
+        repeats in a fresh process only if its timings leave the cached curve alone) and its Done told
+        what plain decoding costs now and whether the machine was busy."""
+        costs = self.pair.costs if self.pair.costs.calibration is not None else None
+        if costs is None:  # no curve was ever needed (plain decoding): nothing to judge by
+            yield from events
+            return
+        before, steps = costs.curve.copy(), []
+        for event in events:
+            if isinstance(event, Step):
+                steps.append(event)
+                if learn:
+                    costs.observe(event)
+            elif isinstance(event, Done):
+                event = costs.judge(event, steps, before)
+                if learn:
+                    costs.save()
+            yield event
 
     def _guesser(self, name: str, continued: bool) -> Guesser:
         # A conversation that goes on keeps its guessers: auto carries what it learned of this text

@@ -73,6 +73,7 @@ def generation(settings: Settings, temperature: float | None = None, top_k: int 
         return setting if value is None else value
 
     sampling = SamplingConfig(pick(temperature, settings.temperature), pick(top_k, settings.top_k),
-                              pick(top_p, settings.top_p), pick(min_p, settings.min_p), seed)
+                              pick(top_p, settings.top_p), pick(min_p, settings.min_p),
+                              pick(seed, None if settings.seed < 0 else settings.seed))
     return GenerationConfig(sampling, pick(max_tokens, settings.max_tokens),
                             pick(draft_length, settings.draft_length or None))

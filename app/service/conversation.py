@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from specchat.llama.template import Message
-from specchat.spec.engine import ENGINE_FIGURES, Done, Stats
+from specchat.spec.engine import ENGINE_FIGURES, Done
 from specchat.store.conversations import Store, StoredMessage
 from specchat.store.files import atomic_write
 
@@ -25,10 +25,16 @@ ENDINGS = {"cancelled": "stopped", "max_tokens": "cut at the max_tokens setting"
            "context_full": "cut: the context is full"}
 
 
-def summary_line(stats: Stats, guesser: str, reason: str) -> str:
+def summary_line(done: Done, guesser: str) -> str:
+    """One line under an answer: its figures, how it ended when not by itself, and its speedup (said
+    to be uncertain when the machine was busy while it was written)."""
+    stats, reason = done.stats, done.reason
     ending = f"  [{ENDINGS[reason]}]" if reason in ENDINGS else ""
+    speedup = done.speedup
+    against = "" if speedup is None else f" · {speedup:.2f}x plain" + (
+        f" (uncertain: the machine was busy, steps {done.slowdown:.1f}x slower than usual)" if done.busy else "")
     return (f"{stats.n_tokens} tokens · {stats.decode_s:.1f}s · {stats.tokens_per_s:.1f} tok/s · "
-            f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%} · {guesser}{ending}")
+            f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%}{against} · {guesser}{ending}")
 
 
 def attach(text: str, files: Sequence[tuple[Path, str]]) -> str:
@@ -107,7 +113,7 @@ class ConversationController:
         assert self._answer is not None, "no answer is being written"
         label = guesser if done.figures == ENGINE_FIGURES else done.figures
         # A notice (e.g. old turns dropped to fit the context) stays with the answer it concerns.
-        summary = " · ".join([summary_line(done.stats, label, done.reason), *notices])
+        summary = " · ".join([summary_line(done, label), *notices])
         s = done.stats
         self.store.update_message(self._answer, done.text, "stopped" if done.reason == "cancelled" else "complete",
                                   {"summary": summary, "reason": done.reason, "tokens": s.n_tokens,

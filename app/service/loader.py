@@ -7,9 +7,8 @@ checked against its target the same way, and every guesser is built the same way
 from __future__ import annotations
 
 import re
-import time
-from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
@@ -19,11 +18,9 @@ from specchat.llama.vocab import VocabFile, check_compatible
 from specchat.models.catalog import Catalog, load_catalog
 from specchat.models.fetch import Progress, resolve
 from specchat.service.choices import ModelChoice
-from specchat.spec.calibrate import MAX_POSITIONS, measure_curve
-from specchat.spec.policy import CostCurve, Rollback
-from specchat.store.files import cache_file, read_cache, update_cache
+from specchat.service.costs import PairCosts
+from specchat.spec.policy import CostCurve
 
-COSTS = "costs.json"  # this machine's cost curves, in the user cache dir
 DEFAULT_CONTEXT = 4096
 
 
@@ -61,7 +58,7 @@ class LoadedPair:
         self.target, self.draft, self.mtp = target, draft, mtp
         self.rewinds = rewinds  # the target's cache can take back a rejected guess
         self.warnings: list[str] = []  # why something the choice named was left out
-        self._curve: CostCurve | None = None
+        self.costs = PairCosts(target, draft, mtp)
 
     @property
     def name(self) -> str:
@@ -73,13 +70,11 @@ class LoadedPair:
         has = {"rewind": self.rewinds, "draft": self.draft is not None, "mtp": self.mtp is not None}
         return frozenset(need for need, there in has.items() if there and (need == "rewind" or self.rewinds))
 
-    def curve(self, fresh: bool = False) -> CostCurve:
-        """This machine's decode cost curve for the pair: cached per model file, backend and thread
-        count and measured on first use, or measured now if `fresh` (a machine's speed drifts, and a
-        benchmark should judge against today's). Guessers made afterwards start from it."""
-        if self._curve is None or fresh:
-            self._curve = _load_curve(self.target, self.draft, self.mtp, fresh)
-        return self._curve
+    def curve(self, fresh: bool = False, waiting: Callable[[str], None] | None = None) -> CostCurve:
+        """This machine's decode cost curve for the pair, live (`PairCosts`): from the cache, or measured
+        now on first use, or when `fresh` (a machine's speed drifts, and a benchmark should judge against
+        today's). `waiting` hears it if another specchat's answer must end first."""
+        return self.costs.ensure(fresh, waiting=waiting)
 
     def close(self) -> None:
         """Free the models now, rather than whenever the garbage collector gets to them."""
@@ -181,21 +176,3 @@ def _memory_warnings(target: Path, draft: Path | None) -> tuple[list[str], bool]
         return [left_out(f"the pair needs about {sum(sizes) / gib:.1f} GiB and {free / gib:.1f} GiB of memory is free "
                          "(close other programs, or pick a smaller pair)")], True
     return [], False
-
-
-def _curve_key(target: Model, draft: Model | None, mtp: MtpHead | None) -> str:
-    return target.cache_key + "|" + (draft.cache_key if draft is not None else "") + ("|mtp" if mtp else "")
-
-
-def _load_curve(target: Model, draft: Model | None, mtp: MtpHead | None, fresh: bool) -> CostCurve:
-    path, key = cache_file(COSTS), _curve_key(target, draft, mtp)
-    entry = None if fresh else read_cache(path).get(key)
-    if entry is not None and len(entry.get("verify_s", [])) == MAX_POSITIONS:
-        rollback = entry.get("rollback")
-        return CostCurve(list(entry["verify_s"]), float(entry["draft_s"]), mtp_s=float(entry.get("mtp_s", 0.0)),
-                         rollback=Rollback(**rollback) if rollback else None)
-    curve = measure_curve(target, draft, mtp)
-    update_cache(path, key, {"verify_s": curve.verify_s, "draft_s": curve.draft_s, "mtp_s": curve.mtp_s,
-                             "rollback": asdict(curve.rollback) if curve.rollback else None,
-                             "measured": time.strftime("%Y-%m-%d")})
-    return curve

@@ -1,17 +1,34 @@
-"""Measuring a model's decode cost curve on this machine (the loader caches it per model file,
-backend and thread count)."""
+"""Measuring a model's decode cost curve on this machine, and checking the measurement (the service
+caches it per model file, backend and thread count, with what the checks found).
+
+A laptop is seldom quiet, and one unlucky measurement must not decide for weeks: each point is timed
+several times and the lowest kept (interference only ever slows a timing); the curve is fitted so that
+it cannot go down; and the result is checked against itself and against what else the machine was
+doing. A measurement that fails is not trusted: auto then decides on `conservative`, which never
+guesses, until a measurement passes.
+"""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
+from dataclasses import dataclass
 
 from specchat.llama.model import Model
 from specchat.llama.mtp import MtpHead
 from specchat.llama.session import Memory
 from specchat.spec.policy import CostCurve, Rollback
+from specchat.spec.timing import non_decreasing
 
 MAX_POSITIONS = 32
+REPEATS = 5  # tries per point; the lowest is kept
+# A measurement is not trusted when other programs took more than this many cores that llama.cpp's
+# threads needed, when its tries differ by more than this from one another, or when one position
+# differs by more than this from a plain step timed on its own.
+MAX_CONTENTION = 0.25
+MAX_SPREAD = 1.25
+MAX_MISMATCH = 0.3
 # Every n up to 17 is timed: CPU kernels batch rows in fours and eights, so the curve is not smooth
 # there (on the 2-core test machine 16 positions cost 150 ms and 15 cost 200). The rest is
 # interpolated.
@@ -19,7 +36,62 @@ _MEASURED = (*range(1, 18), 20, 24, 28, 32)
 _CONTEXT = 128  # timings are taken at this position, a typical early-answer depth
 
 
-def _time_decode(model: Model, n: int, repeats: int = 3) -> float:
+@dataclass(frozen=True)
+class Calibration:
+    """A measured curve and what its checks found."""
+
+    curve: CostCurve
+    trusted: bool
+    problem: str = ""  # why it is not trusted, in words for the user
+    contention: float | None = None  # cores other programs took from llama.cpp's threads (None: unknown)
+    spread: float = 1.0  # the median, over points, of a point's typical try against its lowest
+    measured_at: float = 0.0  # time.time()
+
+
+def conservative(plain_s: float, rollback: Rollback | None = None) -> CostCurve:
+    """The curve auto decides on while no measurement is trusted: every position verified costs a plain
+    step and every drafted token another, so no guess can pay, and auto decodes plainly: never slower
+    than plain decoding, whatever the machine really costs."""
+    return CostCurve([plain_s * n for n in range(1, MAX_POSITIONS + 1)], plain_s, mtp_s=plain_s, rollback=rollback)
+
+
+class OtherLoad:
+    """What other programs took of the CPU during a block, in cores, beyond those llama.cpp's threads
+    leave free (Linux's /proc/stat, less this process's own time; None where that cannot be read)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.contention: float | None = None
+
+    def __enter__(self) -> OtherLoad:
+        self._start = time.monotonic(), _busy_s(), _own_s()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall, busy, own = time.monotonic(), _busy_s(), _own_s()
+        if busy is None or self._start[1] is None or wall <= self._start[0]:
+            return
+        others = max(0.0, (busy - self._start[1]) - (own - self._start[2])) / (wall - self._start[0])
+        self.contention = max(0.0, others - max(0, (os.cpu_count() or 1) - self.threads))
+
+
+def _busy_s() -> float | None:
+    """Seconds every CPU of the machine spent busy so far."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _times(model: Model, n: int, repeats: int) -> list[float]:
     session = model.session
     base = len(session.tokens)
     session.checkpoint(lasting=True)  # where a recurrent state comes back to after each try
@@ -29,7 +101,11 @@ def _time_decode(model: Model, n: int, repeats: int = 3) -> float:
         session.decode([model.n_vocab // 2] * n, "all")
         times.append(time.perf_counter() - t0)
         session.rewind(base)
-    return statistics.median(times)
+    return times
+
+
+def _time_decode(model: Model, n: int, repeats: int = REPEATS) -> float:
+    return min(_times(model, n, repeats))
 
 
 def _time_rollback(model: Model, repeats: int = 5) -> Rollback | None:
@@ -63,26 +139,59 @@ def _time_mtp(head: MtpHead, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def measure_curve(target: Model, draft: Model | None, mtp: MtpHead | None = None) -> CostCurve:
+def measure_curve(target: Model, draft: Model | None, mtp: MtpHead | None = None,
+                  repeats: int = REPEATS) -> Calibration:
     """Time verifying n = 1..32 positions on the target, one draft token, one token of the target's
-    MTP layers and, where the cache cannot drop positions, a rollback (about 15 s on a 2-core CPU for
-    a 1.5B target; a GPU takes a fraction of that)."""
+    MTP layers and, where the cache cannot drop positions, a rollback, then check the result (about
+    20 s on a 2-core CPU for a 1.5B target; a GPU takes a fraction of that)."""
     sessions = [m.session for m in (target, draft) if m is not None]
     for s in sessions:
         s.clear()
         s.decode([1] * _CONTEXT, "none")
-    _time_decode(target, 16, repeats=2)  # warm up: the first batches after a prefill run slow
-    measured = {n: _time_decode(target, n) for n in _MEASURED}
-    curve = [0.0] * MAX_POSITIONS
+    with OtherLoad(target.n_threads) as load:
+        _times(target, 16, 2)  # warm up: the first batches after a prefill run slow
+        tries = {n: _times(target, n, repeats) for n in _MEASURED}
+        plain = _plain_step(target, repeats)
+        draft_s = _time_decode(draft, 1) if draft is not None else 0.0
+        mtp_s = _time_mtp(mtp) if mtp is not None else 0.0
+        rollback = _time_rollback(target)
+    for s in sessions:
+        s.clear()
+    measured = {n: min(times) for n, times in tries.items()}
     points = sorted(measured)
+    curve = [0.0] * MAX_POSITIONS
     for n in range(1, MAX_POSITIONS + 1):
         lo = max(p for p in points if p <= n)
         hi = min(p for p in points if p >= n)
         w = 0.0 if hi == lo else (n - lo) / (hi - lo)
         curve[n - 1] = measured[lo] * (1 - w) + measured[hi] * w
-    draft_s = _time_decode(draft, 1, repeats=5) if draft is not None else 0.0
-    mtp_s = _time_mtp(mtp) if mtp is not None else 0.0
-    rollback = _time_rollback(target)
-    for s in sessions:
-        s.clear()
-    return CostCurve(curve, draft_s, mtp_s=mtp_s, rollback=rollback)
+    spread = statistics.median(statistics.median(times) / min(times) for times in tries.values())
+    fitted = CostCurve(non_decreasing(curve).tolist(), draft_s, mtp_s=mtp_s, rollback=rollback)
+    problem = check(fitted, plain, load.contention, spread, target.n_threads)
+    return Calibration(fitted, not problem, problem, load.contention, spread, time.time())
+
+
+def _plain_step(model: Model, repeats: int) -> float:
+    """One position decoded as plain decoding does it, apart from the curve's batches: a check on it."""
+    session = model.session
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        session.decode([model.n_vocab // 3], "last")
+        times.append(time.perf_counter() - t0)
+    session.rewind(len(session.tokens) - repeats)
+    return min(times)
+
+
+def check(curve: CostCurve, plain_s: float, contention: float | None, spread: float, threads: int) -> str:
+    """Why a measured curve is not to be trusted, or "" if it passes its checks."""
+    if contention is not None and contention > MAX_CONTENTION:
+        return (f"other programs took {contention:.1f} of the cores that llama.cpp's {threads} threads needed "
+                "while it was measured")
+    if spread > MAX_SPREAD:
+        return f"its timings varied by {spread - 1:.0%} from try to try (the machine was busy)"
+    one = float(curve.verify(1))
+    if abs(one / plain_s - 1) > MAX_MISMATCH:
+        return (f"one position cost {1000 * one:.1f} ms in the curve but {1000 * plain_s:.1f} ms as a plain step "
+                "(the machine's speed changed while it was measured)")
+    return ""

@@ -61,6 +61,7 @@ class Step:
     verify_s: float  # the target's side of the step: verifying, and taking back what it rejected
     guesser: str = "none"  # the guesser behind this step's guess: "none", "lookup", "draft" or "mtp"
     rollback_s: float = 0.0  # of verify_s: saving the state beforehand and rewinding after (0 on most models)
+    sync_s: float = 0.0  # of draft_s: the draft's cache catching up with what earlier steps committed
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class Stats:
 
 
 ENGINE_FIGURES = "engine"  # Done.figures when the stats are the engine's own count of its steps
+BUSY_SLOWDOWN = 1.5  # steps this much slower than the machine's curve: something else was running
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,23 @@ class Done:
     token_ids: tuple[int, ...]  # every generated token, the end-of-generation token included
     stats: Stats
     figures: str = ENGINE_FIGURES  # where `stats` come from (a server reports its own, or only a stream)
+    # One plain step's seconds under the same conditions (0: not known), and how much slower than usual
+    # the steps ran (the conversation service fills both in: the engine does not know the machine).
+    plain_s: float = 0.0
+    slowdown: float = 1.0
 
+    @property
+    def speedup(self) -> float | None:
+        """Against plain decoding under the same conditions. Every step costs at least a plain step, so
+        it can never be more than the tokens per step: a larger ratio is noise, and is cut there."""
+        if not self.plain_s or not self.stats.tokens_per_s:
+            return None
+        return min(self.stats.tokens_per_s * self.plain_s, max(1.0, self.stats.tokens_per_step))
+
+    @property
+    def busy(self) -> bool:
+        """The machine was busy during the answer: its figures say more about the machine than the answer."""
+        return self.slowdown > BUSY_SLOWDOWN
 
 Event = Union[Prefill, Step, Done]
 
@@ -217,7 +235,7 @@ class Engine:
             context.extend(new)
             answer.append("".join(released))
             step = Step(tuple(tokens), answer[-1], len(proposal.tokens), verdict.n_accepted,
-                        t_verify - t_draft, t_end - t_verify, proposal.guesser, rollback_s)
+                        t_verify - t_draft, t_end - t_verify, proposal.guesser, rollback_s, proposal.sync_s)
             self.guesser.observe(step.drafted, step.accepted, step.draft_s, step.verify_s - rollback_s, rollback_s)
             stats = stats.add_step(step)
             yield step

@@ -7,6 +7,7 @@ and, if it sampled them, the distributions it sampled from; deterministic propos
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Collection, Protocol, Sequence
 
@@ -26,6 +27,9 @@ class Proposal:
     tokens: list[int]
     probs: np.ndarray | None  # (len(tokens), V) or None for deterministic proposals
     guesser: str = "none"  # which guesser made it: "none", "lookup", "draft" or "mtp"
+    # Of the time the proposal took, what went into catching the draft's cache up with the tokens
+    # committed since it last ran: a cost of the steps before, not of these guesses.
+    sync_s: float = 0.0
 
     @staticmethod
     def empty() -> "Proposal":
@@ -152,13 +156,15 @@ class DraftGuesser:
                 rng: np.random.Generator) -> Proposal:
         if k <= 0:
             return Proposal.empty()
+        t0 = time.perf_counter()
         logits = self._sync(context)[-1]
+        sync_s = time.perf_counter() - t0
         session = self.model.session
         if k > 1:  # its own guesses go into its cache, and the rejected ones come out again
             session.checkpoint()
         tokens, probs = draft_tokens(logits, k, sampling, rng, lambda token: session.decode([token], "last")[-1],
                                      self.keep_going)
-        return Proposal(tokens, probs, "draft")
+        return Proposal(tokens, probs, "draft", sync_s)
 
     def _sync(self, context: Sequence[int], lasting: bool = False) -> np.ndarray:
         """Bring the cache to exactly `context` and return the logits after its last token. `lasting`
@@ -267,10 +273,6 @@ class AutoGuesser:
         self._replaced: int | None = None  # the copied token that the target just replaced, if any
         # The last step's source and, for lookup, where it copied from, its kind and match length.
         self._last: tuple[str, int, str, int] = ("none", 0, "far", 0)
-        # With a seed, choices must not depend on wall-clock timings: the curve stays as measured
-        # (cached per machine), so the same seed takes the same choices, and so the same random
-        # draws, in a fresh process.
-        self._timed = True
         for name, drafter in self.drafters.items():
             drafter.keep_going = lambda confidences, name=name: keep_drafting(
                 confidences, self.curve, self.curve.token_s(name))
@@ -321,7 +323,6 @@ class AutoGuesser:
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
         self._last = ("none", 0, "far", 0)
-        self._timed = sampling.seed is None
         best = 1.0 / float(self.curve.verify(1))  # a plain step
         choice = Proposal.empty()
         copy = self._copy_source(context) if k > 0 else None
@@ -344,9 +345,9 @@ class AutoGuesser:
         return choice
 
     def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
+        # The curve is the service's to keep current (from every step, whoever guessed): auto learns
+        # acceptance here.
         source, start, kind, m = self._last
-        if self._timed:
-            self.curve.observe_verify(drafted + 1, verify_s)
         if source == "lookup":
             self.lookup_acceptance[kind].observe(m, drafted, accepted)
             # Only a guess that landed at least once shows where the answer copies from: a first-token
@@ -355,8 +356,6 @@ class AutoGuesser:
                 self._cursor = start + accepted
             self._replaced = self._cursor if 0 < accepted < drafted else None
         if source in self.drafters:
-            if self._timed:
-                self.curve.observe_draft(drafted, draft_s, source)
             self.drafter_acceptance[source].observe(accepted, accepted < drafted)
         # An option never chosen is never measured again: estimates that ruled a guesser out
         # drift back towards their priors, so that it is retried now and then.
@@ -399,8 +398,8 @@ class Entry:
 def _auto(pair: Pair) -> Guesser:
     if "rewind" not in pair.capabilities:  # every guess would cost the whole conversation again
         return NoGuesser()
-    # Its own copy of the curve: auto keeps it current from the steps it times.
-    return AutoGuesser(pair.curve().copy(), DraftGuesser(pair.draft) if pair.draft is not None else None,
+    # The pair's live curve, which the service keeps current from real steps.
+    return AutoGuesser(pair.curve(), DraftGuesser(pair.draft) if pair.draft is not None else None,
                        piece=pair.target.piece, mtp=MtpGuesser(pair.mtp) if pair.mtp is not None else None)
 
 

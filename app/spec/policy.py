@@ -37,11 +37,11 @@ class Rollback:
 
 @dataclass
 class CostCurve:
-    """Seconds to verify n positions (n = 1..len), kept current from real steps."""
+    """Seconds to verify n positions (n = 1..len). The service keeps one per pair current from real
+    steps (`specchat.spec.timing`); the guessers read it."""
 
     verify_s: list[float]  # verify_s[n - 1] is the cost of n positions
     draft_s: float = 0.0  # one draft-model token
-    smoothing: float = 0.1
     mtp_s: float = 0.0  # one token of the target's own MTP layers
     rollback: Rollback | None = None  # None: the cache drops positions for free
 
@@ -56,23 +56,11 @@ class CostCurve:
 
     def copy(self) -> "CostCurve":
         """An independent copy, for a user that adjusts it from its own steps."""
-        return CostCurve(list(self.verify_s), self.draft_s, self.smoothing, self.mtp_s, self.rollback)
+        return CostCurve(list(self.verify_s), self.draft_s, self.mtp_s, self.rollback)
 
     def token_s(self, drafter: str) -> float:
         """One drafted token of the "draft" model or of the "mtp" layers."""
         return self.mtp_s if drafter == "mtp" else self.draft_s
-
-    def observe_verify(self, n: int, seconds: float) -> None:
-        if 1 <= n <= len(self.verify_s) and seconds > 0:
-            self.verify_s[n - 1] += self.smoothing * (seconds - self.verify_s[n - 1])
-
-    def observe_draft(self, tokens: int, seconds: float, drafter: str = "draft") -> None:
-        if tokens > 0 and seconds > 0:
-            now = self.token_s(drafter) + self.smoothing * (seconds / tokens - self.token_s(drafter))
-            if drafter == "mtp":
-                self.mtp_s = now
-            else:
-                self.draft_s = now
 
     def step_s(self, alphas: np.ndarray, draft_s: float) -> np.ndarray:
         """Expected seconds of a step that sends the first k of these guesses, for k = 0..len(alphas):

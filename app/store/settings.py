@@ -54,6 +54,7 @@ class Settings:
     # An OpenAI-compatible server to chat with instead of this machine's models ("": this machine).
     # Its API key is never stored here: --api-key or SPECCHAT_API_KEY gives it.
     server: str = ""
+    seed: int = -1  # the random draws of every answer; -1: new ones each time
 
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)  # raises on bad values
@@ -71,12 +72,15 @@ class Settings:
             raise SpecchatError(f"threads must be 0 (every core) to 1024, got {self.threads}")
         if self.server and not self.server.startswith(("http://", "https://")):
             raise SpecchatError(f"server must be empty or an http:// or https:// URL, got {self.server!r}")
+        if not -1 <= self.seed < 2**63:
+            raise SpecchatError(f"seed must be -1 (a new one each time) or 0 to {2**63 - 1}, got {self.seed}")
         for key in ("gpu_layers", "draft_gpu_layers"):
             if not -1 <= getattr(self, key) <= 10_000:
                 raise SpecchatError(f"{key} must be -1 (all) to 10000, got {getattr(self, key)}")
 
     def generation(self, stop: tuple[str, ...] = ()) -> GenerationConfig:
-        sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)
+        sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p,
+                                  None if self.seed < 0 else self.seed)
         return GenerationConfig(sampling, self.max_tokens, self.draft_length or None, stop)
 
 

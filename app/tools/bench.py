@@ -34,7 +34,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     # Today's costs, measured now: a machine's speed drifts (a cached curve here once put 2
     # positions at 1.55 single steps; the same machine later took 1.9), and both auto and the
     # oracle bound judge by it. The bound keeps this measurement; auto starts from its own copy.
-    curve = service.pair.curve(fresh=True)
+    curve = service.pair.curve(fresh=True).copy()  # as measured: the live one learns from the runs below
     guessers = {"plain": "none", **{name: name for name in args.guesser}}
     oracle: dict[str, list[tuple[float, float, float]]] = defaultdict(list)  # task -> plain, oracle, auto s
     # runs[task][guesser][repeat] -> list of Stats over that task's prompts

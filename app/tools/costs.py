@@ -12,6 +12,8 @@ def run_costs(choice: ModelChoice, remeasure: bool, progress: Progress | None = 
     pair = load_pair(choice, progress)
     curve = pair.curve(fresh=remeasure)
     one = curve.verify_s[0]
+    for line in pair.costs.provenance():
+        print(line)
     print(f"{pair.target.name}, {pair.target.n_threads} threads: verifying n positions, in ms and in single steps")
     for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32):
         print(f"  n={n:2d}  {1000 * curve.verify_s[n - 1]:7.1f} ms  {curve.verify_s[n - 1] / one:5.2f}x")

@@ -227,39 +227,15 @@ def _record_ids(backend, report: Report) -> None:
 
 def explain_divergence(choice: ModelChoice, prompt: list[int], ours: list[int], fresh: list[int]) -> tuple[bool, str]:
     """Whether the first token where two greedy answers differ is a near-tie that evaluation order
-    decides, as the greedy-equivalence test judges it: llama.cpp's kernels round differently when
-    positions are evaluated in other batches (the session reused a cached prefix; the fresh process
-    did not). The position is evaluated both ways on a fresh model: the flip is explained only if
-    both tokens lead the other by less than twice the difference between the two evaluations."""
-    import numpy as np
-
-    from specchat.llama.model import Model
+    decides (the session reused a cached prefix; the fresh process did not), judged as the
+    greedy-equivalence test judges it (`specchat.tools.ties`)."""
     from specchat.service.loader import DEFAULT_CONTEXT, model_paths
+    from specchat.tools.ties import parting
 
-    i = next((i for i, (a, b) in enumerate(zip(ours, fresh)) if a != b), min(len(ours), len(fresh)))
-    if i == min(len(ours), len(fresh)):
-        return False, f"one answer stops after {i} tokens where the other goes on"
-    x, y = ours[i], fresh[i]
-    prefix = prompt + ours[:i]
-    model = Model(model_paths(choice)[0], n_ctx=choice.n_ctx or DEFAULT_CONTEXT, n_threads=choice.threads)
-    try:
-        session = model.session
-        session.prefill(prefix)  # every position but the last in one batch
-        batched = np.array(session.decode([prefix[-1]], "last")[0])
-        session.rewind(0)
-        session.prefill(prompt)  # the prompt in one batch, then the answer one token at a time
-        for token in prefix[len(prompt) - 1:-1]:
-            session.decode([token], "none")
-        single = np.array(session.decode([prefix[-1]], "last")[0])
-    finally:
-        model.close()
-    noise = float(np.abs(batched - single).max())
-    margins = [abs(float(logits[x] - logits[y])) for logits in (batched, single)]
-    top = all(max(logits[x], logits[y]) >= logits.max() - 2 * noise for logits in (batched, single))
-    tie = top and max(margins) <= 2 * noise
-    return tie, (f"the answers agree on {i} tokens, then the session gives {x} and the fresh process {y}: "
-                 f"they differ by {margins[0]:.3f} (batched) and {margins[1]:.3f} (one at a time) in the logits, "
-                 f"while the two evaluations of that position differ by up to {noise:.3f}")
+    found = parting(model_paths(choice)[0], prompt, ours, fresh, choice.n_ctx or DEFAULT_CONTEXT, choice.threads)
+    if found is None:
+        return True, "the answers are the same"
+    return found.tie, found.report()
 
 
 def fresh_answer(choice: ModelChoice, workdir: Path) -> tuple[str, list[int]]:

@@ -174,10 +174,10 @@ class RewriteScreen(Screen[None]):
         self.query_one("#diff", Static).update(Text.assemble(*(_marked(run, kind)
                                                                 for run, kind in word_diff(self.original, saved_form(text)))))
         self.query_one("#diff-pane").display = True
-        totals = self.query_one(StatsPanel).totals
-        base = self.backend.baseline().tokens_per_s
-        speed = f"{totals.tokens_per_s:.1f} tok/s" + (f", {totals.tokens_per_s / base:.2f}x plain decoding"
-                                                      if base else "")
+        panel = self.query_one(StatsPanel)
+        totals, (speedup, busy) = panel.totals, panel.speedup()
+        speed = f"{totals.tokens_per_s:.1f} tok/s" + (f", {speedup:.2f}x plain decoding" if speedup else "") + (
+            " (uncertain: the machine was busy)" if busy else "")
         self._set_status(f"done: {totals.n_tokens} tokens, {speed} ({self.guesser}, {totals.tokens_per_step:.2f} tok/step). "
                          "Ctrl+S saves a new file, Ctrl+W overwrites the original")
 

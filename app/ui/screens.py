@@ -159,7 +159,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             with Grid(classes="numbers"):
                 for key, label in (("temperature", "Temperature"), ("top_p", "Top-p"), ("top_k", "Top-k"),
                                    ("min_p", "Min-p"), ("max_tokens", "Max tokens"),
-                                   ("draft_length", "Draft length (0 = default)"),
+                                   ("draft_length", "Draft length (0 = default)"), ("seed", "Seed (-1 = random)"),
                                    ("context", "Context size (tokens)"), ("threads", "Threads (0 = every core)"),
                                    ("gpu_layers", "GPU layers, target (-1 = all)"),
                                    ("draft_gpu_layers", "GPU layers, draft (-1 = all)")):
@@ -197,7 +197,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
         values: dict[str, object] = {}
         try:
             for key, kind in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float),
-                              ("max_tokens", int), ("draft_length", int), ("context", int), ("threads", int),
+                              ("max_tokens", int), ("draft_length", int), ("seed", int), ("context", int),
+                              ("threads", int),
                               ("gpu_layers", int), ("draft_gpu_layers", int)):
                 raw = self.query_one(f"#{key}", Input).value.strip()
                 try:

@@ -143,6 +143,7 @@ class StatsPanel(Vertical):
         self.model, self.baseline, self.guesser = model, baseline, guesser
         self.figures = ""  # where the numbers come from, when not from the engine's own steps
         self.reported = Stats()  # what servers reported for the answers since the reset
+        self.done: Done | None = None  # the last answer's end, with what plain decoding cost meanwhile
         self.steps: list[Step] = []
         self.chunks = 0
         self.totals = Stats()  # kept as pieces arrive, so a redraw does not re-add them all
@@ -185,7 +186,21 @@ class StatsPanel(Vertical):
             # Rewrite mode shows the parts of one document together: what the server reported adds up.
             self.reported = done.stats if self.figures in ("", STREAMING) else self.reported.plus(done.stats)
             self.totals, self.figures = self.reported, done.figures
+        self.done = done
         self._show()
+
+    def speedup(self) -> tuple[float | None, bool]:
+        """Against plain decoding, and whether the machine was busy (the figure is then uncertain). At an
+        answer's end, plain decoding under the same conditions; while it streams, the baseline. Never
+        more than the tokens per step allow: every step costs at least a plain step."""
+        t = self.totals
+        if self.done is not None and self.done.plain_s and t.tokens_per_s:
+            plain_s = self.done.plain_s
+        elif self.baseline is not None and self.baseline.tokens_per_s and t.n_tokens:
+            plain_s = 1 / self.baseline.tokens_per_s
+        else:
+            return None, False
+        return min(t.tokens_per_s * plain_s, max(1.0, t.tokens_per_step)), self.done is not None and self.done.busy
 
     def _show(self) -> None:
         self._shown_at = time.monotonic()
@@ -194,6 +209,7 @@ class StatsPanel(Vertical):
         # Tokens per step, acceptance and the speedup are known from the engine's steps or from what a
         # server reported at the end; a chunk of a stream is not a step.
         known = bool(steps) or self.figures not in ("", STREAMING)
+        speedup, busy = self.speedup() if known else (None, False)
         lines = [
             f"model     {self.model}",
             f"guesser   {self.guesser}",
@@ -205,7 +221,9 @@ class StatsPanel(Vertical):
             f"draft len {steps[-1].drafted:6d}" if steps else "draft len      –",
             "steps     " + ", ".join(f"{n} {src}" for src, n in Counter(s.guesser for s in steps).most_common())
             if steps else f"chunks    {self.chunks:6d}" if self.chunks else "steps          –",
-            f"speedup   {t.tokens_per_s / base:6.2f}x" if known and base and t.n_tokens else "speedup        –",
+            (f"speedup   {speedup:6.2f}x" + (" ?" if busy else "")) if speedup is not None else "speedup        –",
+            *([f"          uncertain: this machine was busy (steps {self.done.slowdown:.1f}x slower than usual)"]
+              if busy and self.done is not None else []),
         ]
         self.query_one("#numbers", Static).update("\n".join(lines))
         # The last steps that fit, on a fixed scale: none yet is an empty chart, not a full one.

@@ -1,0 +1,218 @@
+"""This machine's costs for a loaded pair, kept honest, and answers that take turns on the machine.
+
+`PairCosts` holds what auto decides with and what the speedup divides by: a calibration (measured
+once, checked, cached per model file, backend and thread count), corrected by what the real steps of
+every generation showed, which is saved too, so that the cache converges to the machine's real
+figures and a bad first measurement heals within the first answer, in this process and the next. A
+calibration that failed its checks is not trusted: auto decides on a curve that never guesses until
+one passes, which is tried again at the next load.
+
+`Turns` makes answers take turns across processes: two specchat processes decoding at once on the
+same cores would each run at a fraction of their speed (llama.cpp's threads spin while they wait),
+so the second waits for the first to finish its answer, and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import asdict, replace
+from typing import Callable, Iterator
+
+from filelock import FileLock, Timeout
+
+from specchat.llama.model import Model
+from specchat.llama.mtp import MtpHead
+from specchat.spec.calibrate import MAX_POSITIONS, Calibration, conservative, measure_curve
+from specchat.spec.engine import Done, Step
+from specchat.spec.policy import CostCurve, Rollback
+from specchat.spec.timing import StepTimes, low
+from specchat.store.files import cache_file, read_cache, update_cache
+
+COSTS = "costs.json"  # this machine's cost curves, in the user cache dir
+_FORMAT = "v2"  # the cache's entries; older ones (unchecked measurements) are measured again
+
+
+class PairCosts:
+    """The costs of one loaded pair on this machine, live: `curve` changes as steps are observed."""
+
+    def __init__(self, target: Model, draft: Model | None, mtp: MtpHead | None) -> None:
+        self.target, self.draft, self.mtp = target, draft, mtp
+        parts = (target.cache_key, draft.cache_key if draft is not None else "", "mtp" if mtp is not None else "")
+        self.key = "|".join((_FORMAT, *parts))
+        self.calibration: Calibration | None = None
+        self.learned = StepTimes()
+        self.curve = CostCurve([0.0] * MAX_POSITIONS)  # one object, updated in place: guessers keep it
+        self._lock = threading.Lock()
+
+    # --- the calibration -------------------------------------------------------------------
+
+    def ensure(self, fresh: bool = False, turns: Turns | None = None,
+               waiting: Callable[[str], None] | None = None) -> CostCurve:
+        """The live curve, from the cache or measured now: when there is none, when the cached one
+        failed its checks (tried again), or when `fresh` (a benchmark judges against today's)."""
+        entry = read_cache(cache_file(COSTS)).get(self.key) or {}
+        if self.calibration is None or fresh:
+            self.calibration = None if fresh else _calibration(entry.get("calibration"))
+            self.learned = StepTimes() if fresh else StepTimes.from_json(entry.get("learned") or {})
+            if self.calibration is None or not self.calibration.trusted:
+                # Measured with the machine to itself: another specchat's answer would poison it.
+                with (turns or machine_turns()).turn(waiting):
+                    self.calibration = measure_curve(self.target, self.draft, self.mtp)
+                self.learned = StepTimes()  # what was learned on top of another calibration
+                self.save()  # only if it passed: one that failed is measured again at the next load
+            self._refit()
+        return self.curve
+
+    def assume(self, curve: CostCurve) -> None:
+        """Decide on these figures, as if measured and trusted here (a known machine; tests)."""
+        self.calibration, self.learned = Calibration(curve.copy(), True, measured_at=time.time()), StepTimes()
+        self._refit()
+
+    @property
+    def prior(self) -> CostCurve:
+        """What the steps correct: the calibration if it passed its checks, else the curve that never guesses."""
+        c = self.calibration
+        assert c is not None, "ensure() first"
+        return c.curve if c.trusted else conservative(float(c.curve.verify(1)), c.curve.rollback)
+
+    # --- learning from real steps ------------------------------------------------------------
+
+    def observe(self, step: Step) -> None:
+        """A real step's timings: the verification alone (what a rollback cost is the calibration's), and
+        each drafted token of a drafting model (without its catching up with earlier steps, which after a
+        run of lookup steps would make a draft look slower per token than it is)."""
+        with self._lock:
+            self.learned.add_verify(step.drafted + 1, step.verify_s - step.rollback_s)
+            if step.drafted and step.guesser in ("draft", "mtp"):
+                self.learned.add_token(step.guesser, step.drafted, step.draft_s - step.sync_s)
+            self._refit()
+
+    def _refit(self) -> None:
+        fitted = self.learned.curve(self.prior)
+        self.curve.verify_s[:] = fitted.verify_s
+        self.curve.draft_s, self.curve.mtp_s, self.curve.rollback = fitted.draft_s, fitted.mtp_s, fitted.rollback
+
+    def judge(self, done: Done, steps: list[Step], before: CostCurve) -> Done:
+        """The answer's speedup, against plain decoding under the same conditions: its own plain steps if
+        it had a few, else the live curve's one position; never more than its tokens per step allow. A
+        machine busy during the answer (steps much slower than the curve said) is noted."""
+        plain = [s.verify_s for s in steps if not s.drafted]
+        plain_s = low(plain) if len(plain) >= 3 else float(self.curve.verify(1))
+        ratios = [(s.verify_s - s.rollback_s) / float(before.verify(s.drafted + 1)) for s in steps]
+        slowdown = float(sorted(ratios)[len(ratios) // 2]) if ratios else 1.0
+        return replace(done, plain_s=plain_s, slowdown=slowdown)
+
+    # --- keeping it ----------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Write the calibration and what the steps taught into the cache, for the next process too."""
+        c = self.calibration
+        if c is None or not c.trusted:
+            return
+        update_cache(cache_file(COSTS), self.key, {
+            "calibration": {"verify_s": c.curve.verify_s, "draft_s": c.curve.draft_s, "mtp_s": c.curve.mtp_s,
+                            "rollback": asdict(c.curve.rollback) if c.curve.rollback else None,
+                            "trusted": c.trusted, "problem": c.problem, "contention": c.contention,
+                            "spread": c.spread, "measured_at": c.measured_at},
+            "learned": self.learned.to_json(), "learned_at": time.time()})
+
+    def provenance(self) -> list[str]:
+        """Where each figure comes from, for `specchat costs`."""
+        c = self.calibration
+        assert c is not None, "ensure() first"
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.measured_at))
+        load = "unknown" if c.contention is None else f"{c.contention:.2f} cores taken by other programs"
+        lines = [f"calibration: measured {when}; {'passed its checks' if c.trusted else 'NOT TRUSTED: ' + c.problem}"
+                 f" (while measuring: {load}; tries varied by {c.spread - 1:.0%})"]
+        if not c.trusted:
+            lines.append("  not cached: the next start measures again; until one passes, auto decodes plainly "
+                         "(it cannot lose to plain decoding)")
+        seen = self.learned.seen()
+        lines.append(f"learned from {self.learned.steps} real steps: positions "
+                     f"{', '.join(str(n) for n in sorted(seen)) or 'none yet'} (at least 3 steps each) replace the "
+                     "calibration's figures; the rest move with them")
+        return lines
+
+
+def _calibration(data: dict | None) -> Calibration | None:
+    if not data or len(data.get("verify_s", [])) != MAX_POSITIONS:
+        return None
+    rollback = data.get("rollback")
+    curve = CostCurve(list(data["verify_s"]), float(data["draft_s"]), mtp_s=float(data.get("mtp_s", 0.0)),
+                      rollback=Rollback(**rollback) if rollback else None)
+    return Calibration(curve, bool(data.get("trusted")), str(data.get("problem", "")), data.get("contention"),
+                       float(data.get("spread", 1.0)), float(data.get("measured_at", 0.0)))
+
+
+class Turns:
+    """One answer (or measurement) at a time on this machine, across specchat processes. Within a
+    process the turn is reentrant (a measurement inside an answer's turn does not wait for itself);
+    one generation at a time in a process is the backend's and the server worker's business."""
+
+    POLL_S = 0.2
+
+    def __init__(self) -> None:
+        path = cache_file("answering.lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock, self._owner = FileLock(path, thread_local=False), path.with_suffix(".owner")
+
+    def turn(self, waiting: Callable[[str], None] | None = None) -> _Turn:
+        """A context in which this process has the machine; `waiting` hears once that it waits, and why."""
+        return _Turn(self, waiting)
+
+    def wait(self, cancel: threading.Event | None = None) -> Iterator[str]:
+        """Take the turn, yielding once, if it must wait, the line that says why; returns when it has it
+        (or when `cancel` is set, without it: check `has`)."""
+        said = False
+        while cancel is None or not cancel.is_set():
+            try:
+                self._lock.acquire(timeout=self.POLL_S)
+            except Timeout:
+                if not said:
+                    said = True
+                    yield (f"another specchat (pid {self._holder()}) is answering on this machine: this waits for it, "
+                           "as two at once on the same cores would each run at a fraction of their speed")
+                continue
+            self._owner.write_text(str(os.getpid()))
+            return
+
+    @property
+    def has(self) -> bool:
+        return self._lock.is_locked
+
+    def release(self) -> None:
+        if self._lock.is_locked:
+            self._lock.release()
+
+    def _holder(self) -> str:
+        try:
+            return self._owner.read_text().strip() or "?"
+        except OSError:
+            return "?"
+
+
+_turns: Turns | None = None
+
+
+def machine_turns() -> Turns:
+    """This process's one handle on the machine's turns."""
+    global _turns
+    if _turns is None:
+        _turns = Turns()
+    return _turns
+
+
+class _Turn:
+    def __init__(self, turns: Turns, waiting: Callable[[str], None] | None) -> None:
+        self.turns, self.waiting = turns, waiting
+
+    def __enter__(self) -> Turns:
+        for line in self.turns.wait():
+            if self.waiting is not None:
+                self.waiting(line)
+        return self.turns
+
+    def __exit__(self, *exc: object) -> None:
+        self.turns.release()

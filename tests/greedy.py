@@ -1,0 +1,58 @@
+"""The greedy-equivalence check that the real-model tests share: speculative output against plain
+decoding, token for token, where a divergence must be a near-tie (`specchat.tools.ties`): each run's
+token the top of the logits it chose from (recorded as the run computed them), leading the other by
+less than the noise measured on a fresh model, and less than the ceiling; or the check fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from specchat.llama.model import Model
+from specchat.spec.engine import Engine, GenerationConfig, final
+from specchat.spec.guessers import Guesser, NoGuesser
+from specchat.tools.ties import Parting, parting
+
+
+class RecordingEngine(Engine):
+    """Keeps the target's logits for every generated position, as this run computed them."""
+
+    rows: dict[int, np.ndarray]
+    n_prompt: int
+
+    def _verify(self, pending, draft, draft_probs, sampling, rng):
+        first = len(self.target.session.tokens) + 1 - self.n_prompt  # generated position of row 0
+        verdict = super()._verify(pending, draft, draft_probs, sampling, rng)
+        logits = self.target.session.last_logits(len(draft) + 1)
+        for j in range(verdict.n_accepted + 1):
+            self.rows[first + j] = np.array(logits[j])
+        return verdict
+
+    def run(self, prompt: list[int], config: GenerationConfig) -> tuple[int, ...]:
+        self.n_prompt, self.rows = len(prompt), {}
+        return final(self.generate(prompt, config)).token_ids
+
+
+def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], Guesser], n: int) -> list[Parting]:
+    """Every one of n tokens, equal or a near-tie. After a near-tie both runs go on from the speculative
+    choice, so that one flip does not end the comparison. Returns the near-ties, for the report."""
+    answer: list[int] = []  # agreed so far (through the near-ties, the speculative choice)
+    ties: list[Parting] = []
+    plain, spec = RecordingEngine(target, NoGuesser()), RecordingEngine(target)
+    while len(answer) < n:
+        config = GenerationConfig(max_tokens=n - len(answer))
+        spec.guesser = guesser()
+        plain_ids, spec_ids = plain.run(prompt + answer, config), spec.run(prompt + answer, config)
+        i = next((i for i, (a, b) in enumerate(zip(spec_ids, plain_ids)) if a != b), None)
+        rows = (spec.rows[i], plain.rows[i]) if i is not None else None
+        # Judged against the prompt alone, so that the fresh model evaluates the whole answer both ways.
+        found = parting(path, prompt, answer + list(spec_ids), answer + list(plain_ids), target.n_ctx,
+                        target.n_threads, rows)
+        if found is None:
+            break
+        assert found.tie, "the engine is wrong: " + found.report()
+        ties.append(found)
+        answer = list((answer + list(spec_ids))[:found.position + 1])
+    return ties

@@ -1,0 +1,242 @@
+"""Costs that hold when the machine is busy, with injected timings (no wall clock): a measurement that
+interference poisoned is caught or repaired, real steps heal a bad curve and are kept for the next
+process, the speedup compares like with like and cannot exceed the tokens per step, and answers from
+two processes take turns."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from filelock import FileLock
+
+from specchat.service.costs import PairCosts, Turns
+from specchat.spec.calibrate import MAX_POSITIONS, Calibration, check, conservative
+from specchat.spec.engine import Done, Stats, Step
+from specchat.spec.guessers import AutoGuesser
+from specchat.spec.policy import CostCurve
+from specchat.spec.sampling import SamplingConfig
+from specchat.spec.timing import StepTimes, low, non_decreasing
+from specchat.store.files import cache_file
+
+# This machine kind's quiet curve for the default target (ms): 1, 2, ... positions.
+QUIET = [0.0282, 0.0444, 0.0584, 0.0761, 0.0909, 0.1, 0.112, 0.1242, 0.1346, 0.14, 0.142, 0.144, 0.145, 0.146,
+         0.147, 0.1483, *np.linspace(0.18, 0.2581, MAX_POSITIONS - 16)]
+# What a first start beside another specchat measured (the issue's figures): non-monotone, a hundred times.
+POISONED = [2.48, 0.59, 3.27, *[3.3 + 0.1 * n for n in range(MAX_POSITIONS - 3)]]
+
+
+def step(n: int, seconds: float, drafted: int | None = None, accepted: int = 0, guesser: str = "lookup") -> Step:
+    drafted = n - 1 if drafted is None else drafted
+    return Step((), "", drafted, accepted, 0.0, seconds, guesser if drafted else "none")
+
+
+def test_a_curve_that_goes_down_is_repaired_into_one_that_cannot():
+    fitted = non_decreasing(np.array([1.0, 3.0, 2.0, 4.0, 3.5, 5.0]))
+    assert list(fitted) == pytest.approx([1.0, 2.5, 2.5, 3.75, 3.75, 5.0])
+    assert all(np.diff(non_decreasing(np.array(POISONED))) >= 0)
+
+
+def test_a_slowed_timing_does_not_move_the_estimate():
+    quiet = [0.028, 0.029, 0.028, 0.030, 0.029, 0.028, 0.029, 0.030]
+    assert low(quiet + [2.5, 3.1]) == pytest.approx(low(quiet), rel=0.05)  # two outliers among ten
+
+
+@pytest.mark.parametrize("contention, spread, plain, problem", [
+    (1.6, 1.05, 0.0282, "other programs took 1.6 of the cores"),
+    (0.0, 1.9, 0.0282, "its timings varied by 90% from try to try"),
+    (0.0, 1.05, 0.0150, "one position cost 28.2 ms in the curve but 15.0 ms as a plain step"),
+    (None, 1.05, 0.0282, ""),  # load unknown (not Linux): the other checks still hold
+    (0.1, 1.1, 0.0290, ""),
+])
+def test_a_busy_measurement_is_not_trusted(contention, spread, plain, problem):
+    found = check(CostCurve(QUIET), plain, contention, spread, threads=2)
+    assert found.startswith(problem) if problem else found == ""
+
+
+def test_the_curve_while_nothing_is_trusted_never_guesses():
+    """Auto on the conservative curve: a perfect copy to make, and still a plain step."""
+    auto = AutoGuesser(conservative(0.03))
+    context = [5, 6, 7, 8, 9, 10, 11, 12, 1, 2] * 3 + [5, 6, 7]
+    assert auto.propose(context, 16, SamplingConfig(), np.random.default_rng(0)).tokens == []
+
+
+def one_generation() -> list[Step]:
+    """The steps of one answer on a quiet machine: plain steps and verifications of 2 to 5 positions."""
+    rng = np.random.default_rng(0)
+    steps = [step(1, QUIET[0] * rng.uniform(1.0, 1.08)) for _ in range(40)]
+    steps += [step(n, QUIET[n - 1] * rng.uniform(1.0, 1.08)) for n in (2, 3, 4, 5) for _ in range(6)]
+    steps += [step(1, 2.6), step(3, 3.1)]  # two steps another process slowed
+    return steps
+
+
+def test_the_steps_of_one_generation_heal_a_poisoned_curve():
+    times = StepTimes()
+    for s in one_generation():
+        times.add_verify(s.drafted + 1, s.verify_s)
+    healed = times.curve(CostCurve(POISONED, 0.05))
+    for n in (1, 2, 3, 4, 5):
+        assert healed.verify_s[n - 1] == pytest.approx(QUIET[n - 1], rel=0.08)
+    assert all(np.diff(healed.verify_s) >= 0)
+    assert healed.verify_s[15] < 10 * QUIET[15]  # unseen points moved with the seen ones, off the poison
+    # And decides as on the quiet curve: a guess after a 1-token match seldom lands (about 1 in 4), which
+    # the poison made look worth it (2 positions cheaper than 1) and the healed curve does not.
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    context = [1, 2, 3, 4, 9, 5, 6, 7, 4]
+    assert AutoGuesser(CostCurve(POISONED, 0.05)).propose(context, 8, greedy, rng).tokens != []
+    assert AutoGuesser(healed).propose(context, 8, greedy, rng).tokens == []
+    assert AutoGuesser(CostCurve(QUIET)).propose(context, 8, greedy, rng).tokens == []
+
+
+class FakeModel:
+    def __init__(self, key: str) -> None:
+        self.cache_key = key
+
+
+def costs_for(key: str = "target") -> PairCosts:
+    return PairCosts(FakeModel(key), None, None)  # type: ignore[arg-type]
+
+
+def test_what_steps_teach_is_kept_for_the_next_process(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    costs = costs_for()
+    costs.assume(CostCurve(POISONED, 0.05))  # a poisoned measurement that passed (say, from an older version)
+    costs.save()
+    for s in one_generation():
+        costs.observe(s)
+    costs.save()
+    assert costs.curve.verify_s[0] == pytest.approx(QUIET[0], rel=0.08)
+    again = costs_for()
+    monkeypatch.setattr("specchat.service.costs.measure_curve", lambda *a: pytest.fail("measured again"))
+    curve = again.ensure()
+    assert curve.verify_s == pytest.approx(costs.curve.verify_s) and again.learned.steps == costs.learned.steps
+
+
+def test_an_untrusted_measurement_is_not_cached_and_auto_decodes_plainly_meanwhile(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    measured = []
+
+    def busy_measurement(*args):
+        measured.append(1)
+        return Calibration(CostCurve(POISONED), False, "other programs took 1.6 of the cores", 1.6, 1.0, 1.0)
+
+    monkeypatch.setattr("specchat.service.costs.measure_curve", busy_measurement)
+    costs = costs_for()
+    curve = costs.ensure()
+    assert curve.verify_s == pytest.approx(conservative(POISONED[0]).verify_s)
+    assert "NOT TRUSTED: other programs took 1.6" in costs.provenance()[0]
+    assert not cache_file("costs.json").exists() or costs.key not in cache_file("costs.json").read_text()
+    costs_for().ensure()  # the next process measures again
+    assert len(measured) == 2
+
+
+def done(n_tokens: int, decode_s: float, steps: int, plain_s: float, slowdown: float = 1.0) -> Done:
+    return Done("eog", "", (), Stats(n_tokens=n_tokens, steps=steps, verify_s=decode_s), plain_s=plain_s,
+                slowdown=slowdown)
+
+
+def test_the_speedup_never_exceeds_the_tokens_per_step():
+    # The issue's figures: 9.9 tok/s at 1.23 tokens per step, against a baseline poisoned to 0.6 tok/s.
+    assert done(99, 10.0, 80, plain_s=1 / 0.6).speedup == pytest.approx(99 / 80)
+    assert done(120, 10.0, 100, plain_s=1 / 11.0).speedup == pytest.approx(12.0 / 11.0)
+    assert done(10, 1.0, 10, plain_s=0.0).speedup is None  # not known: not shown
+
+
+def test_an_answer_on_a_busy_machine_says_so_and_compares_with_its_own_plain_steps():
+    costs = costs_for()
+    costs.assume(CostCurve(QUIET))
+    before = costs.curve.copy()
+    quiet = [step(1, 0.03)] * 5 + [step(3, 0.06, accepted=2)] * 5
+    judged = costs.judge(done(20, 0.45, 10, 0.0), quiet, before)
+    assert judged.plain_s == pytest.approx(0.03) and not judged.busy  # its own plain steps, not the curve's
+    slow = [step(1, 0.09)] * 5 + [step(3, 0.18, accepted=2)] * 5
+    judged = costs.judge(done(20, 1.35, 10, 0.0), slow, before)
+    assert judged.busy and judged.slowdown == pytest.approx(3.1, rel=0.05)
+
+
+def test_a_second_answer_waits_for_the_first_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    turns = Turns()
+    other = FileLock(cache_file("answering.lock"))  # another process's handle (its own file descriptor)
+    other.acquire()
+    cache_file("answering.owner").write_text("4242")
+    waiting = turns.wait()
+    assert next(waiting).startswith("another specchat (pid 4242) is answering on this machine: this waits for it")
+    other.release()
+    assert next(waiting, None) is None and turns.has  # its turn now
+    turns.release()
+
+
+def test_a_turn_is_taken_from_a_process_that_was_killed(monkeypatch, tmp_path):
+    """The lock is the operating system's: a killed holder leaves nothing that makes anyone wait."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    code = ("import os, sys; from specchat.service.costs import Turns; t = Turns(); list(t.wait()); "
+            "print('held', flush=True); os._exit(0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert out.stdout.strip() == "held"
+    turns = Turns()
+    said = []
+    thread = threading.Thread(target=lambda: said.extend(turns.wait()), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and said == [] and turns.has
+    turns.release()
+
+
+def test_a_drafts_catching_up_is_not_counted_as_its_cost_per_token():
+    """After a run of lookup steps, the draft first decodes every token committed meanwhile: that is the
+    price of those steps, not of the tokens it drafts now (which would make auto use it less)."""
+    costs = costs_for()
+    costs.assume(CostCurve(QUIET, draft_s=0.02))
+    for _ in range(5):  # 4 drafted tokens at 15 ms each, after a catch-up of 200 ms
+        costs.observe(Step((), "", 4, 2, 4 * 0.015 + 0.2, QUIET[4], "draft", 0.0, 0.2))
+    assert costs.curve.draft_s == pytest.approx(0.015)
+
+
+def _burn(until: float) -> None:
+    while time.time() < until:  # stops by itself, whatever happens to the test
+        pass
+
+
+@pytest.mark.real
+def test_a_measurement_under_load_is_repaired_or_not_cached(smol_path, monkeypatch, tmp_path):
+    """Other programs keep every core busy (loops that stop by themselves within a minute) while the
+    curve is measured: what is cached then is monotone and within 1.5 times a quiet measurement, or
+    nothing is cached. (This test loads the machine on purpose; run alone, as every test that times.)"""
+    import multiprocessing
+
+    from specchat.llama.model import Model
+    from specchat.spec.calibrate import measure_curve
+    from specchat.store.files import read_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = Model(smol_path, n_ctx=512)
+    try:
+        quiet = measure_curve(model, None).curve
+        burners = [multiprocessing.Process(target=_burn, args=(time.time() + 60,), daemon=True)
+                   for _ in range(os.cpu_count() or 1)]
+        for burner in burners:
+            burner.start()
+        try:
+            costs = PairCosts(model, None, None)
+            costs.ensure(fresh=True)
+        finally:
+            for burner in burners:
+                burner.terminate()
+                burner.join(10)
+        cached = read_cache(cache_file("costs.json")).get(costs.key)
+        if cached is None:
+            assert not costs.calibration.trusted  # refused, and said why
+            assert costs.calibration.problem
+        else:
+            curve = cached["calibration"]["verify_s"]
+            assert all(b >= a for a, b in zip(curve, curve[1:]))
+            assert all(c / q < 1.5 and q / c < 1.5 for c, q in zip(curve, quiet.verify_s)), (curve, quiet.verify_s)
+    finally:
+        model.close()

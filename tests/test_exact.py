@@ -1,0 +1,130 @@
+"""Exactness end to end, with a draft that really differs from the target: the joint distribution of
+the first three tokens at T=1, with chains of 2 to 4 drafted tokens (so that a second guess's fate
+depends on the first), against the exact one. On scripted models (six tokens, fast, many samples),
+where the rejection branch is counted and a planted bug (the correction drawn from p instead of the
+residual) must make the test fail."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+import specchat.spec.verify as verify_module
+from specchat.llama.session import Memory
+from specchat.spec.engine import Engine, GenerationConfig, final
+from specchat.spec.guessers import DraftGuesser, LookupGuesser
+from specchat.spec.sampling import SamplingConfig, logits_to_probs
+
+V = 6
+
+
+class ScriptedSession:
+    """A cache that holds tokens; the logits after a context are a fixed function of its last two tokens."""
+
+    memory = Memory.TRIM
+
+    def __init__(self, model: ScriptedModel) -> None:
+        self.model, self.tokens = model, []
+
+    def common_prefix(self, tokens) -> int:
+        return next((i for i, (a, b) in enumerate(zip(self.tokens, tokens)) if a != b), min(len(self.tokens), len(tokens)))
+
+    def prefill(self, tokens) -> int:
+        cached = min(self.common_prefix(tokens), len(tokens) - 1)
+        self.rewind(cached)
+        self.tokens.extend(tokens[len(self.tokens):-1])
+        return cached
+
+    def rewind(self, n: int) -> None:
+        del self.tokens[n:]
+
+    def checkpoint(self, lasting: bool = False, reach: int | None = None) -> None:
+        pass
+
+    def decode(self, tokens, logits="last"):
+        start = len(self.tokens)
+        self.tokens.extend(tokens)
+        rows = np.stack([self.model.logits(self.tokens[:start + i + 1]) for i in range(len(tokens))])
+        return rows if logits == "all" else rows[-1:]
+
+
+class ScriptedModel:
+    n_ctx, n_batch, n_vocab = 256, 64, V
+
+    def __init__(self, seed: int, sharpness: float) -> None:
+        self.table = np.random.default_rng(seed).normal(0, sharpness, (V, V, V))
+        self.session = ScriptedSession(self)
+
+    def logits(self, context) -> np.ndarray:
+        return self.table[context[-2] if len(context) > 1 else 0, context[-1]]
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        return bytes([97 + token])
+
+
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # lookup proposes 3, 1, 2, ... here
+T1 = SamplingConfig(1.0)
+
+
+def exact_first_three(target: ScriptedModel) -> dict[tuple[int, ...], float]:
+    joint = {}
+    for seq in itertools.product(range(V), repeat=3):
+        p, context = 1.0, list(PROMPT)
+        for t in seq:
+            p *= logits_to_probs(target.logits(context), T1)[t]
+            context.append(t)
+        joint[seq] = p
+    return joint
+
+
+def sample_first_three(target, guesser, k: int, n: int, seed0: int = 0) -> tuple[np.ndarray, int, int]:
+    """Counts over the 216 cells, and how often a guess was rejected (the residual sampled) and accepted."""
+    engine = Engine(target, guesser)
+    counts, rejected, accepted = np.zeros(V ** 3), 0, 0
+    for seed in range(seed0, seed0 + n):
+        done = final(engine.generate(PROMPT, GenerationConfig(SamplingConfig(1.0, seed=seed), max_tokens=5,
+                                                               draft_length=k)))
+        a, b, c = done.token_ids[:3]
+        counts[(a * V + b) * V + c] += 1
+        rejected += done.stats.rejections
+        accepted += done.stats.accepted
+    return counts, rejected, accepted
+
+
+def p_value(counts: np.ndarray, joint: dict[tuple[int, ...], float]) -> float:
+    expected = np.array([joint[s] for s in itertools.product(range(V), repeat=3)]) * counts.sum()
+    big = expected >= 5
+    return float(chisquare(np.append(counts[big], counts[~big].sum()),
+                           np.append(expected[big], expected[~big].sum())).pvalue)
+
+
+TARGET_SEED, DRAFT_SEED = 11, 12
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_a_mismatched_draft_gives_the_targets_distribution(k):
+    target, draft = ScriptedModel(TARGET_SEED, 1.5), ScriptedModel(DRAFT_SEED, 1.0)  # q differs from p
+    counts, rejected, accepted = sample_first_three(target, DraftGuesser(draft), k, 20_000)
+    assert rejected > 4000 and accepted > 4000, (rejected, accepted)  # both branches, often
+    assert p_value(counts, exact_first_three(target)) > 1e-3
+
+
+def test_lookup_gives_the_targets_distribution():
+    target = ScriptedModel(TARGET_SEED, 1.5)
+    counts, rejected, accepted = sample_first_three(target, LookupGuesser(), 4, 20_000)
+    assert rejected > 4000 and accepted > 1000, (rejected, accepted)
+    assert p_value(counts, exact_first_three(target)) > 1e-3
+
+
+def test_a_correction_drawn_from_p_instead_of_the_residual_is_caught(monkeypatch):
+    """The control: the test above must fail on a verifier that is wrong in the rejection branch."""
+    monkeypatch.setattr(verify_module, "_residual", lambda p, q, x: p)
+    target, draft = ScriptedModel(TARGET_SEED, 1.5), ScriptedModel(DRAFT_SEED, 1.0)
+    counts, _, _ = sample_first_three(target, DraftGuesser(draft), 3, 20_000)
+    assert p_value(counts, exact_first_three(target)) < 1e-6
