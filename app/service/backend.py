@@ -18,9 +18,11 @@ from specchat.llama.template import Message
 from specchat.models.fetch import Progress
 from specchat.service.chat import ChatService, Notice
 from specchat.service.choices import ModelChoice, RemoteChoice
+from specchat.service.history import History, tokenizer_key
 from specchat.service.loader import load_pair
 from specchat.spec.engine import Event, GenerationConfig
 from specchat.spec.guessers import available
+from specchat.store.conversations import Store
 
 
 @dataclass(frozen=True)
@@ -65,13 +67,14 @@ class Backend(Protocol):
 BackendFactory = Callable[[Union[ModelChoice, RemoteChoice]], Backend]
 
 
-def open_backend(choice: ModelChoice | RemoteChoice) -> Backend:
-    """The backend for a choice: this machine's models, or a server (`specchat[remote]`)."""
+def open_backend(choice: ModelChoice | RemoteChoice, store: Store | None = None) -> Backend:
+    """The backend for a choice: this machine's models (copying from the store's conversations, if
+    given), or a server (`specchat[remote]`)."""
     if isinstance(choice, RemoteChoice):
         from specchat.service.remote import RemoteBackend
 
         return RemoteBackend(choice)
-    return LocalBackend(choice)
+    return LocalBackend(choice, store)
 
 
 class LocalBackend:
@@ -79,8 +82,8 @@ class LocalBackend:
 
     server = None
 
-    def __init__(self, choice: ModelChoice) -> None:
-        self.choice = choice
+    def __init__(self, choice: ModelChoice, store: Store | None = None) -> None:
+        self.choice, self.store = choice, store
         self.name = "loading…"
         self.warnings: list[str] = []
         self.guessers: list[str] = []
@@ -93,10 +96,16 @@ class LocalBackend:
     def load(self, progress: Progress) -> None:
         progress("loading models", 0, 1)
         pair = load_pair(self.choice, progress)
-        self.name, self.warnings, self.guessers = pair.name, pair.warnings, available(pair.capabilities)
+        self.name, self.warnings = pair.name, pair.warnings
         progress("measuring this machine's decode costs (first run only)", 0, 1)
         pair.curve(waiting=lambda line: progress(line, 0, 1))
-        self._service = ChatService(pair)
+        history = None
+        if self.store is not None:
+            progress("reading your conversations for the history guesser", 0, 1)
+            history = History(self.store, tokenizer_key(pair.target),
+                              lambda text: pair.target.tokenize(text, special=False))
+        self._service = ChatService(pair, history)
+        self.guessers = available(pair.capabilities)
         progress("ready", 1, 1)
 
     @property

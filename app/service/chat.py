@@ -15,6 +15,7 @@ from typing import Iterator, Sequence, Union
 from specchat.errors import SpecchatError
 from specchat.llama.template import ChatPrompter, Message
 from specchat.service.costs import machine_turns
+from specchat.service.history import History
 from specchat.service.loader import LoadedPair
 from specchat.spec.engine import Done, Engine, Event, GenerationConfig, Stats, Step
 from specchat.spec.guessers import Guesser, available, build, unavailable
@@ -37,8 +38,11 @@ class ChatService:
     """One pair, one conversation at a time (the engine is batch 1). Not thread-safe: callers run one
     generation at a time (the app's backend holds a lock; the server has one worker thread)."""
 
-    def __init__(self, pair: LoadedPair) -> None:
+    def __init__(self, pair: LoadedPair, history: History | None = None) -> None:
         self.pair, self.target = pair, pair.target
+        # The app's conversations, for the history guesser and auto to copy from (a server has none).
+        self.history = history
+        pair.history = history.index if history is not None else None
         self.engine = Engine(pair.target)
         self._prompter: ChatPrompter | None = None
         self._guessers: dict[str, Guesser] = {}
@@ -76,9 +80,13 @@ class ChatService:
         if dropped:
             yield Notice(f"the conversation is longer than the {self.n_ctx}-token context: "
                          f"the oldest {dropped} message(s) were left out of this answer")
+        if self.history is not None:
+            self.history.sync()  # a deleted conversation's text is not copied from
         for event in self._generate(prompt, config, guesser, cancel, self.prompter.continued):
             if isinstance(event, Done):
                 self.prompter.remember(event.token_ids)
+                if self.history is not None:
+                    self.history.learn([m.content for m in messages] + [event.text])
             yield event
 
     def complete(self, prompt: str | Sequence[int], config: GenerationConfig, guesser: str,

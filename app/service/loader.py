@@ -19,6 +19,7 @@ from specchat.models.catalog import Catalog, load_catalog
 from specchat.models.fetch import Progress, resolve
 from specchat.service.choices import ModelChoice
 from specchat.service.costs import PairCosts
+from specchat.spec.history import HistoryIndex
 from specchat.spec.policy import CostCurve
 
 DEFAULT_CONTEXT = 4096
@@ -59,6 +60,7 @@ class LoadedPair:
         self.rewinds = rewinds  # the target's cache can take back a rejected guess
         self.warnings: list[str] = []  # why something the choice named was left out
         self.costs = PairCosts(target, draft, mtp)
+        self.history: HistoryIndex | None = None  # the user's past conversations, where a front end has them
 
     @property
     def name(self) -> str:
@@ -67,7 +69,8 @@ class LoadedPair:
     @property
     def capabilities(self) -> frozenset[str]:
         """What guessers may need that this pair has (spec.guessers.NEEDS)."""
-        has = {"rewind": self.rewinds, "draft": self.draft is not None, "mtp": self.mtp is not None}
+        has = {"rewind": self.rewinds, "draft": self.draft is not None, "mtp": self.mtp is not None,
+               "history": self.history is not None}
         return frozenset(need for need, there in has.items() if there and (need == "rewind" or self.rewinds))
 
     def curve(self, fresh: bool = False, waiting: Callable[[str], None] | None = None) -> CostCurve:

@@ -20,6 +20,7 @@ from specchat.spec.sampling import SamplingConfig, logits_to_probs, sample
 if TYPE_CHECKING:  # settings validate guesser names without loading llama.cpp
     from specchat.llama.model import Model
     from specchat.llama.mtp import MtpHead
+    from specchat.spec.history import HistoryIndex
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,27 @@ class LookupGuesser:
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
         return Proposal(lookup(context, k, self.max_ngram), None, "lookup")
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
+        pass
+
+
+class HistoryGuesser:
+    """Copies from the user's past conversations (`specchat.spec.history`): what followed the longest
+    match of the context's end there, as most of those matches continued."""
+
+    name = "history"
+    default_draft_length = 16
+
+    def __init__(self, index: HistoryIndex) -> None:
+        self.index = index
+
+    def prepare(self, context: Sequence[int]) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        return Proposal(self.index.propose(context, k)[0], None, "history")
 
     def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
         pass
@@ -257,8 +279,10 @@ class AutoGuesser:
     default_draft_length = 16
 
     def __init__(self, curve: CostCurve, draft: DraftGuesser | None = None, max_match: int = 32,
-                 window: int = 8, piece: Callable[[int], bytes] | None = None, mtp: MtpGuesser | None = None) -> None:
+                 window: int = 8, piece: Callable[[int], bytes] | None = None, mtp: MtpGuesser | None = None,
+                 history: HistoryIndex | None = None) -> None:
         self.curve, self.draft, self.max_match, self.window = curve, draft, max_match, window
+        self.history = history  # the user's past conversations, another place to copy from
         # The models that draft token by token, each with its own acceptance and cost per token.
         self.drafters: dict[str, DraftGuesser | MtpGuesser] = {
             name: g for name, g in (("draft", draft), ("mtp", mtp)) if g is not None}
@@ -267,8 +291,9 @@ class AutoGuesser:
         # "far": the longest earlier match anywhere. "near": one that continues where the last
         # guess left off, in the passage being copied (even a 1-token match there usually holds).
         # "substitute": after the target replaced some copied text, copying on after that text.
+        # "history": a match in the user's past conversations rather than in this context.
         self.lookup_acceptance = {"far": MatchAcceptance(), "near": MatchAcceptance(floor=0.6),
-                                  "substitute": MatchAcceptance(floor=0.6)}
+                                  "substitute": MatchAcceptance(floor=0.6), "history": MatchAcceptance()}
         self._cursor: int | None = None  # where in the context the answer was last copying from
         self._replaced: int | None = None  # the copied token that the target just replaced, if any
         # The last step's source and, for lookup, where it copied from, its kind and match length.
@@ -333,6 +358,12 @@ class AutoGuesser:
             if n and rate > best:
                 best, choice = rate, Proposal(found[:n], None, "lookup")
                 self._last = ("lookup", start, kind, m)
+        if self.history is not None and k > 0:
+            found, m = self.history.propose(context, k)
+            n, rate = best_length(self.lookup_acceptance["history"].alphas(m, len(found)), self.curve, 0.0)
+            if n and rate > best:
+                best, choice = rate, Proposal(found[:n], None, "history")
+                self._last = ("history", 0, "history", m)
         drafter = None
         for name in self.drafters if k > 0 else ():
             n, rate = best_k(self.drafter_acceptance[name].alpha, k, self.curve, self.curve.token_s(name))
@@ -348,6 +379,8 @@ class AutoGuesser:
         # The curve is the service's to keep current (from every step, whoever guessed): auto learns
         # acceptance here.
         source, start, kind, m = self._last
+        if source == "history":
+            self.lookup_acceptance["history"].observe(m, drafted, accepted)
         if source == "lookup":
             self.lookup_acceptance[kind].observe(m, drafted, accepted)
             # Only a guess that landed at least once shows where the answer copies from: a first-token
@@ -372,6 +405,7 @@ class Pair(Protocol):
     target: Model
     draft: Model | None
     mtp: MtpHead | None  # the target's own MTP layers (or its assistant's), if it has them
+    history: HistoryIndex | None  # the user's past conversations in the target's tokens, where known
     warnings: list[str]  # why something the user asked for was left out (a draft that failed to load)
 
     @property
@@ -385,7 +419,8 @@ class Pair(Protocol):
 NEEDS = {"rewind": "a cache that can take back a rejected guess, which this model's cannot (see its warning)",
          "draft": "a draft model: pass --draft PATH or use a --pair that has one",
          "mtp": "MTP layers: a model that has them (Qwen3.5/3.6, DeepSeek, GLM), or a Gemma 4 target with its "
-                "gemma4-assistant file as --draft"}
+                "gemma4-assistant file as --draft",
+         "history": "the app's conversations to copy from (`generate` and `serve` have none)"}
 
 
 @dataclass(frozen=True)
@@ -400,7 +435,8 @@ def _auto(pair: Pair) -> Guesser:
         return NoGuesser()
     # The pair's live curve, which the service keeps current from real steps.
     return AutoGuesser(pair.curve(), DraftGuesser(pair.draft) if pair.draft is not None else None,
-                       piece=pair.target.piece, mtp=MtpGuesser(pair.mtp) if pair.mtp is not None else None)
+                       piece=pair.target.piece, mtp=MtpGuesser(pair.mtp) if pair.mtp is not None else None,
+                       history=pair.history)
 
 
 # Every guesser by name, in the order the app cycles through them. A new guesser is its class and one
@@ -411,6 +447,8 @@ REGISTRY: dict[str, Entry] = {
     "lookup": Entry("copies from earlier text (prompt lookup)", lambda pair: LookupGuesser(), frozenset({"rewind"})),
     "draft": Entry("the draft model guesses", lambda pair: DraftGuesser(pair.draft), frozenset({"rewind", "draft"})),
     "mtp": Entry("the target's own MTP layers guess", lambda pair: MtpGuesser(pair.mtp), frozenset({"rewind", "mtp"})),
+    "history": Entry("copies what your past conversations said next", lambda pair: HistoryGuesser(pair.history),
+                     frozenset({"rewind", "history"})),
 }
 GUESSERS = tuple(REGISTRY)
 

@@ -97,6 +97,7 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Set when a damaged database was moved aside: the UI tells the user where it went.
         self.notice: str | None = None
+        self.deletions = 0  # conversations deleted through this Store: what remembers their text must forget it
         try:
             self.db = self._open_waiting()
         except sqlite3.DatabaseError as e:
@@ -213,6 +214,11 @@ class Store:
 
     def delete(self, conversation_id: int) -> None:
         self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        self.deletions += 1
+
+    def texts(self) -> list[str]:
+        """Every message's text, newest last: what a guesser may copy from (`specchat.service.history`)."""
+        return [row[0] for row in self.db.execute("SELECT content FROM messages WHERE content != '' ORDER BY id")]
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         rows = self.db.execute("SELECT id, role, content, status, stats, model FROM messages "

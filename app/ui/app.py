@@ -64,7 +64,7 @@ class SpecchatApp(App[None]):
         Binding("ctrl+q", "quit", "Quit"),
     ]
 
-    def __init__(self, choice: ModelChoice | None = None, backend_factory: BackendFactory = open_backend,
+    def __init__(self, choice: ModelChoice | None = None, backend_factory: BackendFactory | None = None,
                  store: Store | None = None, settings_path: Path | None = None,
                  rewrite_file: Path | None = None, remote: RemoteChoice | None = None,
                  api_key: str | None = None) -> None:
@@ -76,7 +76,8 @@ class SpecchatApp(App[None]):
         self.store = store or Store()
         self.settings_path = settings_path
         self.settings, self._settings_problems = load_settings(settings_path)
-        self.backend_factory = backend_factory  # tests pass one that makes a scripted backend
+        # Tests pass one that makes a scripted backend; the app's own copies from its conversations.
+        self.backend_factory = backend_factory or (lambda choice: open_backend(choice, self.store))
         self.backend: Backend | None = None
         self.catalog: Catalog | None = None
         self.ready = False
