@@ -28,6 +28,7 @@ class HistoryIndex:
     def __init__(self, max_tokens: int = 2_000_000) -> None:
         self.max_tokens = max_tokens
         self._texts: dict[str, np.ndarray] = {}  # key -> tokens, oldest first
+        self.tokens = 0  # held in all (kept as texts come and go: a start adds thousands)
         self._dirty = True
         self._all = np.zeros(0, dtype=np.int64)
         self._pairs = np.zeros(0, dtype=np.int64)  # sorted pair codes
@@ -39,26 +40,28 @@ class HistoryIndex:
     def __contains__(self, key: str) -> bool:
         return key in self._texts
 
-    @property
-    def tokens(self) -> int:
-        return sum(len(t) for t in self._texts.values())
-
     def keys(self) -> list[str]:
         return list(self._texts)
 
     def add(self, key: str, tokens: Sequence[int]) -> None:
         """Remember a text (again: it becomes the latest). The oldest go once the index is over budget."""
-        self._texts.pop(key, None)
+        self._drop(key)
         if len(tokens) >= 2:
             self._texts[key] = np.asarray(tokens, dtype=np.int64)
+            self.tokens += len(tokens)
         while self.tokens > self.max_tokens and len(self._texts) > 1:
-            del self._texts[next(iter(self._texts))]
+            self._drop(next(iter(self._texts)))
         self._dirty = True
 
     def remove(self, keys: Iterable[str]) -> None:
         for key in keys:
-            self._texts.pop(key, None)
+            self._drop(key)
         self._dirty = True
+
+    def _drop(self, key: str) -> None:
+        gone = self._texts.pop(key, None)
+        if gone is not None:
+            self.tokens -= len(gone)
 
     def items(self) -> list[tuple[str, np.ndarray]]:
         return list(self._texts.items())
