@@ -29,7 +29,7 @@ class Pair:
 
 
 def test_what_runs_depends_on_what_the_pair_has():
-    assert GUESSERS == ("auto", "none", "lookup", "draft", "mtp")
+    assert GUESSERS == ("auto", "none", "lookup", "draft", "mtp", "history")
     assert available(Pair(draft=object()).capabilities) == ["auto", "none", "lookup", "draft"]
     assert available(Pair().capabilities) == ["auto", "none", "lookup"]
     assert available(Pair(draft=object(), rewinds=False).capabilities) == ["auto", "none"]
@@ -44,9 +44,10 @@ def test_a_guesser_that_cannot_run_says_why_in_one_line():
     left_out = "no draft model: it would not fit in memory"
     with pytest.raises(SpecchatError, match=f"the draft guesser cannot run: {left_out} \\(choose another guesser\\)"):
         build("draft", Pair(warnings=[left_out]))
-    assert unavailable("psychic", ()) == "unknown guesser 'psychic'; choose one of auto, none, lookup, draft, mtp"
+    assert unavailable("psychic", ()) == "unknown guesser 'psychic'; choose one of auto, none, lookup, draft, mtp, history"
     assert unavailable("lookup", {"rewind"}) is None
     assert unavailable("mtp", {"rewind"}).startswith("the mtp guesser needs MTP layers: a model that has them")
+    assert unavailable("history", {"rewind"}).startswith("the history guesser needs the app's conversations")
 
 
 def test_every_front_end_offers_the_registry():
