@@ -153,3 +153,31 @@ def test_auto_copies_an_answer_asked_for_again_from_history_and_not_once_it_is_d
         assert not any(s.guesser == "history" for s in steps)
     finally:
         pair.close()
+
+
+def test_what_copies_from_history_earned_carries_into_the_next_chat_apart_for_sampled_answers():
+    """A new conversation builds a new auto; what the earlier ones showed of copies from history (here:
+    the target never takes them, under sampling) is where its estimate starts, not the priors."""
+    from specchat.spec.guessers import AutoGuesser
+    from specchat.spec.sampling import SamplingConfig
+
+    words = Words()
+    index = HistoryIndex()
+    index.add("a", words("please rewrite this paragraph in a formal style and keep every fact"))
+    context = words("now please rewrite this paragraph")
+    sampled, greedy, rng = SamplingConfig(temperature=0.7), SamplingConfig(), np.random.default_rng(0)
+
+    def offered(sampling: SamplingConfig) -> int:
+        auto = AutoGuesser(FLAT, history=index)
+        proposal = auto.propose(context, 8, sampling, rng)
+        return len(proposal.tokens) if proposal.guesser == "history" else 0
+
+    before = offered(greedy)
+    assert offered(sampled) == before >= 4
+    for _ in range(30):  # earlier chats: every sampled copy from history rejected at once
+        auto = AutoGuesser(FLAT, history=index)
+        drafted = len(auto.propose(context, 8, sampled, rng).tokens)
+        auto.observe(drafted, 0, 0.0, 0.0)
+    # On this nearly flat curve one more position costs 2% of a step: a 1-token guess still pays.
+    assert offered(sampled) <= 1
+    assert offered(greedy) == before  # greedy copies keep their own record

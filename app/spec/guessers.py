@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # settings validate guesser names without loading llama.cpp
 class Proposal:
     tokens: list[int]
     probs: np.ndarray | None  # (len(tokens), V) or None for deterministic proposals
-    guesser: str = "none"  # which guesser made it: "none", "lookup", "draft" or "mtp"
+    guesser: str = "none"  # which guesser made it: "none", "lookup", "draft", "mtp" or "history"
     # Of the time the proposal took, what went into catching the draft's cache up with the tokens
     # committed since it last ran: a cost of the steps before, not of these guesses.
     sync_s: float = 0.0
@@ -293,11 +293,12 @@ class AutoGuesser:
         # "substitute": after the target replaced some copied text, copying on after that text.
         # "history": a match in the user's past conversations rather than in this context.
         self.lookup_acceptance = {"far": MatchAcceptance(), "near": MatchAcceptance(floor=0.6),
-                                  "substitute": MatchAcceptance(floor=0.6), "history": MatchAcceptance()}
+                                  "substitute": MatchAcceptance(floor=0.6)}
         self._cursor: int | None = None  # where in the context the answer was last copying from
         self._replaced: int | None = None  # the copied token that the target just replaced, if any
         # The last step's source and, for lookup, where it copied from, its kind and match length.
         self._last: tuple[str, int, str, int] = ("none", 0, "far", 0)
+        self._sampling = SamplingConfig()
         for name, drafter in self.drafters.items():
             drafter.keep_going = lambda confidences, name=name: keep_drafting(
                 confidences, self.curve, self.curve.token_s(name))
@@ -347,7 +348,7 @@ class AutoGuesser:
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
-        self._last = ("none", 0, "far", 0)
+        self._last, self._sampling = ("none", 0, "far", 0), sampling
         best = 1.0 / float(self.curve.verify(1))  # a plain step
         choice = Proposal.empty()
         copy = self._copy_source(context) if k > 0 else None
@@ -360,7 +361,7 @@ class AutoGuesser:
                 self._last = ("lookup", start, kind, m)
         if self.history is not None and k > 0:
             found, m = self.history.propose(context, k)
-            n, rate = best_length(self.lookup_acceptance["history"].alphas(m, len(found)), self.curve, 0.0)
+            n, rate = best_length(self.history.acceptance(sampling).alphas(m, len(found)), self.curve, 0.0)
             if n and rate > best:
                 best, choice = rate, Proposal(found[:n], None, "history")
                 self._last = ("history", 0, "history", m)
@@ -380,7 +381,7 @@ class AutoGuesser:
         # acceptance here.
         source, start, kind, m = self._last
         if source == "history":
-            self.lookup_acceptance["history"].observe(m, drafted, accepted)
+            self.history.acceptance(self._sampling).observe(m, drafted, accepted)
         if source == "lookup":
             self.lookup_acceptance[kind].observe(m, drafted, accepted)
             # Only a guess that landed at least once shows where the answer copies from: a first-token

@@ -16,6 +16,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from specchat.spec.policy import MatchAcceptance
+from specchat.spec.sampling import SamplingConfig
+
 MAX_MATCH = 32  # tokens of context compared behind a place
 MAX_PLACES = 64  # the latest places of a pair examined per proposal: bounds its time on a long history
 AGREE = 0.5  # a continuation token is proposed while more than this share of the matches agree on it
@@ -33,6 +36,10 @@ class HistoryIndex:
         self._all = np.zeros(0, dtype=np.int64)
         self._pairs = np.zeros(0, dtype=np.int64)  # sorted pair codes
         self._where = np.zeros(0, dtype=np.int64)  # for each, the place after the pair in _all
+        # How often the target took copies from here, by match length: kept across conversations (each
+        # new chat's auto starts from what the earlier ones showed, not from priors), apart for greedy
+        # and sampled answers (a sampled answer takes a copied token only as often as it would draw it).
+        self._acceptance = {True: MatchAcceptance(), False: MatchAcceptance()}
 
     def __len__(self) -> int:
         return len(self._texts)
@@ -42,6 +49,9 @@ class HistoryIndex:
 
     def keys(self) -> list[str]:
         return list(self._texts)
+
+    def acceptance(self, sampling: SamplingConfig) -> MatchAcceptance:
+        return self._acceptance[sampling.greedy]
 
     def add(self, key: str, tokens: Sequence[int]) -> None:
         """Remember a text (again: it becomes the latest). The oldest go once the index is over budget."""
