@@ -88,8 +88,11 @@ async def main(config, store):
             return 2
         app.query_one("#input").text = "Say hi."
         await pilot.press("enter")
-        await until(pilot, lambda: len(app.store.messages(app.conversation_id)) == 2)
-        print(app.store.messages(app.conversation_id)[-1].content)
+        # The answer is stored before its first token: wait for it to be finished, not only there.
+        await until(pilot, lambda: not app.generating and len(app.store.messages(app.conversation_id)) == 2)
+        answer = app.store.messages(app.conversation_id)[-1]
+        assert answer.status == "complete", answer.status
+        print(answer.content)
     return 0
 
 
