@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -41,14 +42,21 @@ def env(tmp_path_factory) -> dict[str, str]:
             "XDG_DATA_HOME": str(home / "data"), "XDG_CONFIG_HOME": str(home / "config")}
 
 
-def _run(cmd: list[str], env: dict[str, str], kill_after: float | None = None) -> tuple[int, float]:
-    """Run to the end, or SIGKILL after `kill_after` seconds. Returns (exit status, seconds)."""
+def _run(cmd: list[str], env: dict[str, str], kill_after: float | None = None,
+         from_ready: bool = False) -> tuple[int, float]:
+    """Run to the end, or SIGKILL after `kill_after` seconds: counted from the start, or, with
+    `from_ready`, from the child's "ready" line (the app loaded, its answers about to start).
+    Returns (exit status, seconds: from the start, or from "ready")."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if from_ready else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     try:
+        if from_ready:
+            ready = _wait_ready(proc)
+            start = ready if ready is not None else start
         if kill_after is not None:
             try:
-                proc.wait(kill_after)
+                proc.wait(max(0.0, kill_after - (time.monotonic() - start)))
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGKILL)
         _, err = proc.communicate(timeout=300)
@@ -58,6 +66,20 @@ def _run(cmd: list[str], env: dict[str, str], kill_after: float | None = None) -
     assert proc.returncode in (0, -signal.SIGKILL), err.decode()[-2000:]
     assert kill_after is not None or proc.returncode == 0, err.decode()[-2000:]
     return proc.returncode, time.monotonic() - start
+
+
+def _wait_ready(proc: subprocess.Popen, timeout: float = 300.0) -> float | None:
+    """When the child said "ready" (None: it ended first). Bounded: a child that never gets there fails."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([proc.stdout], [], [], deadline - time.monotonic())
+        if readable:
+            line = proc.stdout.readline()
+            if not line:
+                return None
+            if line.strip() == b"ready":
+                return time.monotonic()
+    raise AssertionError(f"the child did not get ready within {timeout:.0f} s")
 
 
 def _config(path: Path, guesser: str) -> Path:
@@ -96,22 +118,26 @@ def test_sigkill_while_chatting(tmp_path, env):
     rng = random.Random(20261130)
     child = [sys.executable, str(CHILD), "chat"]
     # Uninterrupted runs: the first fills the cost cache, then one per guesser gives the answers that
-    # the killed runs with that guesser must reproduce exactly (the one with no guesser is timed).
+    # the killed runs with that guesser must reproduce exactly, and the time it takes to answer once
+    # the app is ready. Its kills are drawn over that time, counted from each run's own "ready": a
+    # start that has to measure the machine again (a busy one is not trusted) does not push them past
+    # the answers.
     _run(child + [str(tmp_path / "warm.db"), str(_config(tmp_path / "warm.toml", "auto")), *PROMPTS[:1]], env)
-    reference, full = {}, 0.0
+    reference, full = {}, {}
     for guesser in GUESSERS:
         _, seconds = _run(child + [str(tmp_path / f"ref-{guesser}.db"),
-                                   str(_config(tmp_path / f"ref-{guesser}.toml", guesser)), *PROMPTS], env)
+                                   str(_config(tmp_path / f"ref-{guesser}.toml", guesser)), *PROMPTS], env,
+                          from_ready=True)
         reference[guesser] = [m.content for m in _conversation(tmp_path / f"ref-{guesser}.db") if m.role == "assistant"]
         assert len(reference[guesser]) == len(PROMPTS) and all(reference[guesser])
-        full = max(full, seconds)
+        full[guesser] = seconds
 
     trials, mid_answer, checked = 30, 0, 0
     for trial in range(trials):
         guesser = GUESSERS[trial % len(GUESSERS)]
         db = tmp_path / f"t{trial}.db"
         code, _ = _run(child + [str(db), str(_config(tmp_path / f"t{trial}.toml", guesser)), *PROMPTS], env,
-                       kill_after=rng.uniform(0.3, 1.0) * full)
+                       kill_after=rng.uniform(0.0, 1.0) * full[guesser], from_ready=True)
         messages = _conversation(db) if db.exists() else []
         roles = [m.role for m in messages]
         assert roles == ["user", "assistant"] * (len(roles) // 2) + ["user"] * (len(roles) % 2), roles
