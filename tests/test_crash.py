@@ -1,7 +1,8 @@
 """SIGKILL at random moments: while chatting, while pulling a model, while rewriting and saving.
 
 Each trial starts the real app (or the real `specchat pull`) in a child process, kills it
-with SIGKILL after a random delay drawn over the length of an uninterrupted run, and then
+with SIGKILL after a random delay drawn over the length of an uninterrupted run (for a chat, over
+its answers, from the moment the app is ready), and then
 checks what a restart would find. The random delays come from a fixed seed, so a failing
 trial can be replayed; the assertions never depend on when the kill landed.
 """
