@@ -291,7 +291,6 @@ class AutoGuesser:
         # "far": the longest earlier match anywhere. "near": one that continues where the last
         # guess left off, in the passage being copied (even a 1-token match there usually holds).
         # "substitute": after the target replaced some copied text, copying on after that text.
-        # "history": a match in the user's past conversations rather than in this context.
         self.lookup_acceptance = {"far": MatchAcceptance(), "near": MatchAcceptance(floor=0.6),
                                   "substitute": MatchAcceptance(floor=0.6)}
         self._cursor: int | None = None  # where in the context the answer was last copying from
