@@ -9,7 +9,7 @@ import pytest
 from specchat.llama.template import Message
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
-from specchat.service.history import History, text_key, tokenizer_key
+from specchat.service.history import History, text_key
 from specchat.service.loader import load_pair
 from specchat.spec.engine import Done, GenerationConfig, Step
 from specchat.spec.history import HistoryIndex
@@ -126,8 +126,7 @@ def test_auto_copies_an_answer_asked_for_again_from_history_and_not_once_it_is_d
     pair = load_pair(ModelChoice(target=smol_path, n_ctx=1024, threads=2))
     pair.costs.assume(FLAT)  # a known machine's curve, so the decision rests on acceptance alone
     store = Store(tmp_path / "chat.db")
-    service = ChatService(pair, History(store, tokenizer_key(pair.target),
-                                        lambda text: pair.target.tokenize(text, special=False)))
+    service = ChatService(pair, History.of(store, pair.target))
     config = GenerationConfig(max_tokens=48)
     question = [Message("user", "List the planets of the solar system, one per line.")]
 

@@ -18,7 +18,7 @@ from specchat.llama.template import Message
 from specchat.models.fetch import Progress
 from specchat.service.chat import ChatService, Notice
 from specchat.service.choices import ModelChoice, RemoteChoice
-from specchat.service.history import History, tokenizer_key
+from specchat.service.history import History
 from specchat.service.loader import load_pair
 from specchat.spec.engine import Event, GenerationConfig
 from specchat.spec.guessers import available
@@ -102,8 +102,7 @@ class LocalBackend:
         history = None
         if self.store is not None:
             progress("reading your conversations for the history guesser", 0, 1)
-            history = History(self.store, tokenizer_key(pair.target),
-                              lambda text: pair.target.tokenize(text, special=False))
+            history = History.of(self.store, pair.target)
         self._service = ChatService(pair, history)
         self.guessers = available(pair.capabilities)
         progress("ready", 1, 1)

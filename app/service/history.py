@@ -33,15 +33,19 @@ def text_key(text: str) -> str:
 class History:
     """The index over one store's messages, in one tokenizer's tokens."""
 
-    def __init__(self, store: Store, tokenizer: str, tokenize: Callable[[str], list[int]],
-                 index: HistoryIndex | None = None) -> None:
+    def __init__(self, store: Store, tokenizer: str, tokenize: Callable[[str], list[int]]) -> None:
         self.store, self.tokenize = store, tokenize
-        self.index = index or HistoryIndex()
+        self.index = HistoryIndex()
         # Beside the conversations it is made from (never in a shared cache): it holds their words.
         self.path = store.path.with_name(f"{store.path.stem}-history-{hashlib.sha1(tokenizer.encode()).hexdigest()[:16]}.npz")
         self._deletions = store.deletions
         self._load()
         self._follow(store.texts())
+
+    @classmethod
+    def of(cls, store: Store, model: Model) -> History:
+        """The store's history in this model's tokens (messages as text: no special tokens)."""
+        return cls(store, tokenizer_key(model), lambda text: model.tokenize(text, special=False))
 
     def learn(self, texts: Iterable[str]) -> None:
         """New text (a prompt, an answer): remembered now, and kept for the next start."""
