@@ -78,3 +78,86 @@ def _residual(p: np.ndarray, q: np.ndarray | None, x: int) -> np.ndarray:
     # Only reachable through rounding (a rejection implies p(x) < q(x), so mass exists above q);
     # falling back to p keeps the step well defined.
     return residual / total if total > 0 else p
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Several guessed continuations at once, sharing their prefixes: node i is `tokens[i]`, following
+    node `parents[i]` (-1: the last committed token). A parent comes before its children. `drafts[i]` is
+    the distribution node i's token was drawn from (a sampling draft's, given the path to its parent),
+    or None for a deterministic guess (lookup, history: a point mass). Siblings drawn from a draft must
+    be independent draws (with replacement); deterministic siblings should differ."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    drafts: tuple[np.ndarray | None, ...]
+
+    def __post_init__(self) -> None:
+        assert len(self.tokens) == len(self.parents) == len(self.drafts)
+        assert all(-1 <= p < i for i, p in enumerate(self.parents)), "a parent comes before its children"
+
+    @staticmethod
+    def chain(tokens: Sequence[int], drafts: np.ndarray | None = None) -> "Tree":
+        """One guess as a tree of a single branch."""
+        return Tree(tuple(tokens), tuple(range(-1, len(tokens) - 1)),
+                    tuple(None if drafts is None else drafts[i] for i in range(len(tokens))))
+
+    def children(self, node: int) -> list[int]:
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from the root's child down to `node`."""
+        nodes = []
+        while node != -1:
+            nodes.append(node)
+            node = self.parents[node]
+        return nodes[::-1]
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    """The nodes kept, root first (a path through the tree), then `token`: a correction, or the bonus."""
+
+    path: tuple[int, ...]
+    token: int
+
+
+def verify_tree(tree: Tree, target_probs: np.ndarray, rng: np.random.Generator) -> TreeVerdict:
+    """Recursive rejection sampling (SpecInfer, Miao et al. 2024; Chen et al.'s multi-draft analysis):
+    at each node, with r the target's distribution there, each child x in turn is accepted with
+    probability min(1, r(x)/q(x)) and then followed; on a rejection r becomes normalize(max(0, r - q)),
+    which the next child is judged against. If every child is rejected, the step ends on a token
+    drawn from r. Each step of this is the single-candidate rule with r as its target, so the token
+    that leaves a node is distributed exactly as r was: the target's distribution. For deterministic
+    children (point masses) it is the same as drawing from the target and following the child that
+    matches.
+
+    target_probs: (len(tree.tokens) + 1, V): row 0 the target's distribution after the last committed
+    token, row i + 1 the one after node i (its path evaluated as one sequence)."""
+    assert target_probs.shape[0] == len(tree.tokens) + 1, (target_probs.shape, len(tree.tokens))
+    node, path = -1, []
+    while True:
+        r = target_probs[node + 1]
+        for child in tree.children(node):
+            x, q = tree.tokens[child], tree.drafts[child]
+            q_x = 1.0 if q is None else q[x]
+            r_x = r[x] if x < len(r) else 0.0
+            if (r_x >= q_x and r_x > 0) or rng.random() * q_x < r_x:  # as in `verify`, greedy draws nothing
+                path.append(child)
+                node = child
+                break
+            r = _residual(r, q, x)
+        else:
+            return TreeVerdict(tuple(path), sample(r, rng))
+
+
+def verify_tree_greedy(tree: Tree, target_argmax: Sequence[int]) -> TreeVerdict:
+    """Temperature 0: follow the child that is the target's argmax, as deep as the tree agrees."""
+    node, path = -1, []
+    while True:
+        best = int(target_argmax[node + 1])
+        follow = next((c for c in tree.children(node) if tree.tokens[c] == best), None)
+        if follow is None:
+            return TreeVerdict(tuple(path), best)
+        path.append(follow)
+        node = follow

@@ -1,0 +1,133 @@
+"""Verifying several candidates at once (a token tree): exactness by sampling on fake models."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from specchat.spec.verify import Tree, verify, verify_tree, verify_tree_greedy
+
+V = 5  # the target's vocabulary
+N = 20_000
+
+
+@lru_cache(maxsize=None)
+def dist(context: tuple[int, ...], width: int, salt: int) -> np.ndarray:
+    """A fixed, uneven distribution for each context: a fake model."""
+    seed = hash((salt, width, context)) % 2**32  # a tuple of ints hashes the same in every process
+    d = np.random.default_rng(seed).dirichlet(np.full(width, 0.6))
+    d.flags.writeable = False  # shared between calls
+    return d
+
+
+def target(context: tuple[int, ...]) -> np.ndarray:
+    return dist(context, V, 1)
+
+
+def grow(kind: str, width: int, rng: np.random.Generator) -> Tree:
+    """A two-level tree over the empty context: `sampled` (two independent draws from the draft at the
+    root, each followed by one draw), `fixed` (two deterministic branches, one of them two deep) or
+    `mixed` (a deterministic branch, then two sampled ones)."""
+    tokens, parents, drafts = [], [], []
+
+    def add(token: int, parent: int, q: np.ndarray | None) -> int:
+        tokens.append(token), parents.append(parent), drafts.append(q)
+        return len(tokens) - 1
+
+    def sampled(parent: int, context: tuple[int, ...]) -> None:
+        q = dist(context, width, 2)
+        x = int(rng.choice(width, p=q))
+        node = add(x, parent, q)
+        q2 = dist((*context, x), width, 2)
+        add(int(rng.choice(width, p=q2)), node, q2)
+
+    if kind in ("fixed", "mixed"):
+        add(1, add(3, -1, None), None)
+    if kind == "fixed":
+        add(0, -1, None)
+    if kind in ("sampled", "mixed"):
+        sampled(-1, ()), sampled(-1, ())
+    return Tree(tuple(tokens), tuple(parents), tuple(drafts))
+
+
+def contexts(tree: Tree) -> list[tuple[int, ...]]:
+    """Each row's context: the root's, then each node's path."""
+    return [(), *(tuple(tree.tokens[n] for n in tree.path(i)) for i in range(len(tree.tokens)))]
+
+
+def first_two(tree: Tree, rng: np.random.Generator) -> tuple[int, int]:
+    """The first two tokens the step yields; a step that yields one is followed by a plain draw."""
+    probs = rows(tree.tokens, tree.parents)
+    v = verify_tree(tree, probs, rng)
+    out = [tree.tokens[n] for n in v.path] + [v.token]
+    if len(out) < 2:
+        out.append(int(rng.choice(V, p=target((out[0],)))))
+    return out[0], out[1]
+
+
+@lru_cache(maxsize=None)
+def rows(tree_tokens: tuple[int, ...], tree_parents: tuple[int, ...]) -> np.ndarray:
+    tree = Tree(tree_tokens, tree_parents, (None,) * len(tree_tokens))
+    return np.stack([target(c) for c in contexts(tree)])
+
+
+def joint() -> np.ndarray:
+    return np.stack([target(())[a] * target((a,)) for a in range(V)])
+
+
+@pytest.mark.parametrize("kind", ["sampled", "fixed", "mixed"])
+@pytest.mark.parametrize("width", [V, V - 1, V + 2])  # the draft's vocabulary: the same, narrower, wider
+def test_tree_reproduces_the_target_at_t1(kind, width):
+    rng = np.random.default_rng(width * 7 + len(kind))
+    counts = np.zeros((V, V))
+    kept = 0
+    for _ in range(N):
+        tree = grow(kind, width, rng)
+        a, b = first_two(tree, rng)
+        counts[a, b] += 1
+        kept += tree.tokens[tree.children(-1)[0]] == a
+    expected = joint() * N
+    big = expected.ravel() >= 5  # chi-square wants five expected per cell: pool the rare ones
+    observed = np.append(counts.ravel()[big], counts.ravel()[~big].sum())
+    wanted = np.append(expected.ravel()[big], expected.ravel()[~big].sum())
+    assert chisquare(observed, wanted).pvalue > 1e-3
+    assert kept > 0  # the tree was used, not bypassed
+
+
+def test_second_branch_raises_acceptance_over_one():
+    """Two independent draft branches keep a token more often than one: what a tree is for."""
+    rng = np.random.default_rng(5)
+    one = two = 0
+    for _ in range(N // 4):
+        tree = grow("sampled", V, rng)
+        probs = rows(tree.tokens, tree.parents)
+        two += len(verify_tree(tree, probs, rng).path) > 0
+        first = Tree(tree.tokens[:2], tree.parents[:2], tree.drafts[:2])
+        one += len(verify_tree(first, probs[:3], rng).path) > 0
+    assert two > one * 1.05
+
+
+def test_a_chain_is_the_single_candidate_rule_draw_for_draw():
+    p = np.array([[0.4, 0.3, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]])
+    q = np.array([[0.1, 0.7, 0.1, 0.1], [0.3, 0.3, 0.3, 0.1]])
+    a, b = np.random.default_rng(9), np.random.default_rng(9)
+    for _ in range(500):
+        tokens = [int(a.integers(4)), int(a.integers(4))]
+        b.integers(4), b.integers(4)
+        for drafts in (q, None):
+            single, tree = verify(tokens, drafts, p, a), verify_tree(Tree.chain(tokens, drafts), p, b)
+            assert (single.n_accepted, single.token) == (len(tree.path), tree.token)
+
+
+def test_greedy_takes_the_longest_branch_the_target_agrees_with():
+    # root -> 3 -> 1 and root -> 0 -> 2 -> 4; the target's argmax goes 0, 2, 4, then 1
+    tree = Tree((3, 1, 0, 2, 4), (-1, 0, -1, 2, 3), (None,) * 5)
+    argmax = [0, 9, 9, 2, 4, 1]  # rows: root, then each node
+    v = verify_tree_greedy(tree, argmax)
+    assert (v.path, v.token) == ((2, 3, 4), 1)
+    assert verify_tree_greedy(tree, [7, 0, 0, 0, 0, 0]) == type(v)((), 7)
+    # stops where the branch and the target part: after 0 -> 2 the target wants 3, not 4
+    assert verify_tree_greedy(tree, [0, 9, 9, 2, 3, 1]) == type(v)((2, 3), 3)
