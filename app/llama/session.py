@@ -81,7 +81,7 @@ class Session:
         self.tokens: list[int] = []
         self._ctx = model._ctx.ctx
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self._batch = llama_cpp.llama_batch_init(model.n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(model.n_batch, 0, model.tree_branches)
         self.memory = model.memory
         self.rollback_depth = model.rollback_depth  # positions a ROLLBACK memory steps back by itself
         self._last_decode = 0  # tokens in the last llama_decode call, which a rollback may reach into
@@ -90,6 +90,9 @@ class Session:
         self._step: Checkpoint | None = None  # the one taken before the current verification or draft
         self.followers: list[Follower] = []
         self.stats = RewindStats()
+        # The tree `decode_tree` evaluated, until `keep_path` keeps one of its paths: leaves, parents, tokens.
+        self._tree: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self._tree_start = 0
 
     def close(self) -> None:
         if self._batch is not None:
@@ -237,6 +240,82 @@ class Session:
         if logits == "none":
             return np.empty((0, self.model.n_vocab), dtype=np.float32)
         return self.last_logits(len(tokens) if logits == "all" else 1)
+
+    def decode_tree(self, pending: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Evaluate the pending token and a tree of guesses after it in one batch (node i is tokens[i],
+        after node parents[i]; -1: after the pending token). Each leaf's path is a llama.cpp sequence
+        of its own, so a node shared by several paths is evaluated once, and every path sees the
+        context through seq 0's cells, shared with it. Returns logits (1 + len(tokens), n_vocab): the
+        pending token's, then each node's. The cache then holds the pending token; `keep_path` keeps
+        one path after it and frees the rest, and must come next."""
+        leaves = [i for i in range(len(tokens)) if i not in set(parents)]
+        if self.memory is not Memory.TRIM or self.followers or len(leaves) > self.model.tree_branches \
+                or 1 + len(tokens) > self.model.n_batch:
+            raise ValueError(f"a tree of {len(tokens)} nodes and {len(leaves)} leaves needs an attention cache "
+                             "with as many sequences, a batch that holds it, and nothing following the cache")
+        start = len(self.tokens)
+        depth = [0] * len(tokens)
+        seqs: list[set[int]] = [set() for _ in tokens]
+        for s, leaf in enumerate(leaves):
+            node = leaf
+            while node != -1:
+                seqs[node].add(s)
+                node = parents[node]
+        for i, parent in enumerate(parents):
+            depth[i] = 0 if parent == -1 else depth[parent] + 1
+        if start + 2 + max(depth, default=-1) > self.model.n_ctx:
+            raise ContextFull(f"the conversation needs {start + 2 + max(depth)} tokens but the context holds "
+                              f"{self.model.n_ctx} (start a new conversation or raise --ctx)")
+        b = self._batch
+        b.n_tokens = 1 + len(tokens)
+        rows = [(pending, start, range(len(leaves)))] + [
+            (tok, start + 1 + depth[i], sorted(seqs[i])) for i, tok in enumerate(tokens)]
+        for i, (tok, pos, ids) in enumerate(rows):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, len(ids), True
+            for j, s in enumerate(ids):
+                b.seq_id[i][j] = s
+        self._tree_start = start
+        try:
+            self.tokens.append(pending)  # before the call: an interruption cuts back to `start`
+            for s in range(1, len(leaves)):  # the context's cells, shared with every other path
+                llama_cpp.llama_memory_seq_cp(self._memory, 0, s, -1, -1)
+            rc = llama_cpp.llama_decode(self._ctx, b)
+            if rc != 0:
+                raise SpecchatError(f"llama.cpp decode failed with code {rc} on {self.model.name}")
+            self._last_decode, self._rolled_back = b.n_tokens, False
+        except BaseException:
+            self.clear()  # other sequences may hold cells now: start again from nothing, never half a tree
+            raise
+        self._tree = (leaves, list(parents), list(tokens))
+        return self.last_logits(b.n_tokens)
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """After `decode_tree`: keep the nodes of `path` (root first, a path down the tree) after the
+        pending token, as seq 0, and free every other node's cells."""
+        leaves, parents, tokens = self._tree
+        self._tree = ([], [], [])
+        start = self._tree_start
+        # the sequence of a leaf below the path's end holds the path; with an empty path, any does
+        winner = next((s for s, leaf in enumerate(leaves) if not path or self._under(leaf, path[-1], parents)), 0)
+        try:
+            if len(leaves) > 1:
+                llama_cpp.llama_memory_seq_keep(self._memory, winner)
+                if winner != 0:
+                    llama_cpp.llama_memory_seq_cp(self._memory, winner, 0, -1, -1)
+                    llama_cpp.llama_memory_seq_rm(self._memory, winner, -1, -1)
+            # the winner's nodes after the path
+            if not llama_cpp.llama_memory_seq_rm(self._memory, 0, start + 1 + len(path), -1):
+                raise SpecchatError(f"llama.cpp could not cut {self.model.name}'s cache after a tree of guesses")
+        except BaseException:
+            self.clear()
+            raise
+        self.tokens.extend(tokens[i] for i in path)
+
+    @staticmethod
+    def _under(leaf: int, node: int, parents: Sequence[int]) -> bool:
+        while leaf != -1 and leaf != node:
+            leaf = parents[leaf]
+        return leaf == node
 
     def last_logits(self, rows: int) -> np.ndarray:
         """The logits rows of the latest decode, as a view of llama.cpp's buffer (no copy)."""
