@@ -21,6 +21,8 @@ class RecordingEngine(Engine):
 
     rows: dict[int, np.ndarray]
     n_prompt: int
+    trees: int = 0  # steps that verified a tree
+    elsewhere: int = 0  # ... and kept a path that is not the first branch's (seq 0's)
 
     def _verify(self, pending, draft, draft_probs, sampling, rng):
         first = len(self.target.session.tokens) + 1 - self.n_prompt  # generated position of row 0
@@ -30,14 +32,27 @@ class RecordingEngine(Engine):
             self.rows[first + j] = np.array(logits[j])
         return verdict
 
+    def _verify_tree(self, pending, tree, sampling, rng):
+        first = len(self.target.session.tokens) + 1 - self.n_prompt
+        path, token = super()._verify_tree(pending, tree, sampling, rng)
+        logits = self.target.session.last_logits(len(tree.tokens) + 1)
+        for j, row in enumerate([0, *(n + 1 for n in path)]):  # the root's row, then each kept node's
+            self.rows[first + j] = np.array(logits[row])
+        self.trees += 1
+        self.elsewhere += bool(path) and path[0] != tree.children(-1)[0]
+        return path, token
+
     def run(self, prompt: list[int], config: GenerationConfig) -> tuple[int, ...]:
-        self.n_prompt, self.rows = len(prompt), {}
+        self.n_prompt, self.rows, self.trees, self.elsewhere = len(prompt), {}, 0, 0
         return final(self.generate(prompt, config)).token_ids
 
 
-def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], Guesser], n: int) -> list[Parting]:
+def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], Guesser], n: int,
+            trees: list[tuple[int, int]] | None = None) -> list[Parting]:
     """Every one of n tokens, equal or a near-tie. After a near-tie both runs go on from the speculative
-    choice, so that one flip does not end the comparison. Returns the near-ties, for the report."""
+    choice, so that one flip does not end the comparison. Returns the near-ties, for the report;
+    `trees` hears, per speculative run, how many steps verified a tree and how many of those kept a
+    path other than the first branch's."""
     answer: list[int] = []  # agreed so far (through the near-ties, the speculative choice)
     ties: list[Parting] = []
     plain, spec = RecordingEngine(target, NoGuesser()), RecordingEngine(target)
@@ -50,6 +65,8 @@ def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], 
         # Judged against the prompt alone, so that the fresh model evaluates the whole answer both ways.
         found = parting(path, prompt, answer + list(spec_ids), answer + list(plain_ids), target.n_ctx,
                         target.n_threads, rows)
+        if trees is not None:
+            trees.append((spec.trees, spec.elsewhere))
         if found is None:
             break
         assert found.tie, "the engine is wrong: " + found.report()

@@ -176,3 +176,41 @@ def test_modelled_time_of_auto_on_a_fixed_text():
     # An answer with nothing to copy: every step is a plain one.
     fresh = modelled_seconds(prompt + list(range(21, 41)), 20, AutoGuesser(CostCurve(list(curve.verify_s))), curve)
     assert fresh == pytest.approx(plain)
+
+
+def test_auto_verifies_two_continuations_as_a_tree_only_where_the_curve_makes_it_pay():
+    # "1 2" was followed once by 3 4 5 and once by 7 8 9: two places to copy from that disagree.
+    context = [1, 2, 3, 4, 5, 0, 1, 2, 7, 8, 9, 0, 6, 1, 2]
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    flat = CostCurve([0.01] * 16)  # verifying more positions costs nothing more: a second branch is free
+    proposal = AutoGuesser(flat, tree_branches=4).propose(context, 8, greedy, rng)
+    assert proposal.guesser == "tree" and proposal.tree is not None
+    tree = proposal.tree
+    firsts = sorted(tree.tokens[i] for i in tree.children(-1))
+    assert firsts == [3, 7] and proposal.tokens == list(tree.tokens)
+    # each branch is the copy, as a chain under its first token
+    assert sorted([tree.tokens[n] for n in tree.path(leaf)] for leaf in range(len(tree.tokens))
+                  if not tree.children(leaf))[0][:3] == [3, 4, 5]
+    # A cache that cannot hold two sequences, or this CPU's curve: one copy, no tree.
+    assert AutoGuesser(flat).propose(context, 8, greedy, rng).guesser == "lookup"
+    assert AutoGuesser(CostCurve(list(CPU.verify_s), CPU.draft_s), tree_branches=4).propose(
+        context, 8, greedy, rng).tree is None
+
+
+def test_auto_credits_the_branch_of_a_tree_that_held():
+    context = [1, 2, 3, 4, 5, 0, 1, 2, 7, 8, 9, 0, 6, 1, 2]
+    auto = AutoGuesser(CostCurve([0.01] * 16), tree_branches=4)
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    proposal = auto.propose(context, 8, greedy, rng)
+    tree = proposal.tree
+    assert tree is not None
+    drafted = {tree.tokens[c]: 1 + sum(1 for i in range(len(tree.tokens)) if c in tree.path(i)[:-1])
+               for c in tree.children(-1)}  # each branch's length, by its first token
+    heard = []
+    auto.lookup_acceptance["far"].observe = lambda m, d, a: heard.append((d, a))
+    auto.observe(len(proposal.tokens), 3, 0.0, 0.01)  # three tokens of one branch held
+    assert heard == []  # which one is not known yet
+    auto.propose(context + [7, 8, 9, 0], 8, greedy, rng)  # the next step shows it: 7 8 9
+    # the branch that held is credited with them, the other with a miss; copying goes on from there
+    assert sorted(heard) == sorted([(drafted[3], 0), (drafted[7], 3)])
+    assert auto._cursor == context.index(7) + 3

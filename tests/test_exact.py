@@ -15,8 +15,9 @@ from scipy.stats import chisquare
 import specchat.spec.verify as verify_module
 from specchat.llama.session import Memory
 from specchat.spec.engine import Engine, GenerationConfig, final
-from specchat.spec.guessers import DraftGuesser, LookupGuesser
+from specchat.spec.guessers import DraftGuesser, LookupGuesser, Proposal
 from specchat.spec.sampling import SamplingConfig, logits_to_probs
+from specchat.spec.verify import Tree
 
 V = 6
 
@@ -51,8 +52,19 @@ class ScriptedSession:
         return rows if logits == "all" else rows[-1:]
 
 
+    def decode_tree(self, pending, tokens, parents):
+        self.tokens.append(pending)
+        self._tree = (list(tokens), list(parents))
+        tree = Tree(tuple(tokens), tuple(parents), (None,) * len(tokens))
+        return np.stack([self.model.logits(self.tokens + [tokens[n] for n in path])
+                         for path in ([], *(tree.path(i) for i in range(len(tokens))))])
+
+    def keep_path(self, path) -> None:
+        self.tokens.extend(self._tree[0][n] for n in path)
+
+
 class ScriptedModel:
-    n_ctx, n_batch, n_vocab = 256, 64, V
+    n_ctx, n_batch, n_vocab, tree_branches = 256, 64, V, 4
 
     def __init__(self, seed: int, sharpness: float) -> None:
         self.table = np.random.default_rng(seed).normal(0, sharpness, (V, V, V))
@@ -128,3 +140,42 @@ def test_a_correction_drawn_from_p_instead_of_the_residual_is_caught(monkeypatch
     target, draft = ScriptedModel(TARGET_SEED, 1.5), ScriptedModel(DRAFT_SEED, 1.0)
     counts, _, _ = sample_first_three(target, DraftGuesser(draft), 3, 20_000)
     assert p_value(counts, exact_first_three(target)) < 1e-6
+
+
+class TreeGuesser:
+    """Two independent draws from the draft at the root, each followed by one more, and beside them
+    lookup's continuation (deterministic): a mixed tree through the engine's tree step."""
+
+    name, default_draft_length = "tree", 2
+
+    def __init__(self, draft: ScriptedModel) -> None:
+        self.draft = draft
+
+    def prepare(self, context) -> None:
+        pass
+
+    def propose(self, context, k, sampling, rng) -> Proposal:
+        if k < 2:
+            return Proposal.empty()
+        tokens, parents, drafts = [], [], []
+        copy = LookupGuesser().propose(context, 2, sampling, rng).tokens
+        if copy:
+            tokens, parents, drafts = list(copy), list(range(-1, len(copy) - 1)), [None] * len(copy)
+        for _ in range(2):
+            q = logits_to_probs(self.draft.logits(list(context)), sampling)
+            x = int(rng.choice(V, p=q))
+            q2 = logits_to_probs(self.draft.logits([*context, x]), sampling)
+            tokens += [x, int(rng.choice(V, p=q2))]
+            parents += [-1, len(tokens) - 2]
+            drafts += [q, q2]
+        return Proposal(tokens, None, "tree", tree=Tree(tuple(tokens), tuple(parents), tuple(drafts)))
+
+    def observe(self, *args) -> None:
+        pass
+
+
+def test_a_tree_of_sampled_and_copied_branches_gives_the_targets_distribution():
+    target, draft = ScriptedModel(TARGET_SEED, 1.5), ScriptedModel(DRAFT_SEED, 1.0)
+    counts, rejected, accepted = sample_first_three(target, TreeGuesser(draft), 2, 20_000)
+    assert rejected > 2000 and accepted > 4000, (rejected, accepted)
+    assert p_value(counts, exact_first_three(target)) > 1e-3

@@ -46,3 +46,22 @@ def test_speculative_greedy_equals_plain(pair, qwen_paths, guesser, case):
                                             DraftGuesser(draft))}
     for tie in compare(target, qwen_paths[0], prompt, guessers[guesser], 64):
         warnings.warn(f"{guesser}: {tie.report()}")
+
+
+def test_trees_of_copies_greedy_equal_plain(qwen_paths):
+    """auto on a flat curve (verifying more positions costs nothing more, as on a GPU) sends the places
+    the text can be copied from that disagree as one tree: the answer is still plain decoding's, also
+    where the path kept is not the first branch's (its cells are then another sequence's)."""
+    target = Model(qwen_paths[0], n_ctx=2048, tree_branches=4)  # by default only where a GPU takes it
+    trees: list[tuple[int, int]] = []
+    flat = CostCurve([0.01] * 16)
+    try:
+        for case in (0, 1):  # rewrites: the text offers more than one place to copy from
+            prompt = ChatPrompter(target).tokens([Message("user", CASES[case])])
+            for tie in compare(target, qwen_paths[0], prompt,
+                               lambda: AutoGuesser(flat, tree_branches=target.tree_branches), 64, trees):
+                warnings.warn(f"tree: {tie.report()}")
+    finally:
+        target.close()
+    assert sum(n for n, _ in trees) > 0, "no step verified a tree"
+    assert sum(n for _, n in trees) > 0, "every tree kept its first branch: the other sequences went untried"

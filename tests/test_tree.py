@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import llama_cpp
 import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from specchat.llama.model import Model
 from specchat.spec.verify import Tree, verify, verify_tree, verify_tree_greedy
 
 V = 5  # the target's vocabulary
@@ -131,3 +133,57 @@ def test_greedy_takes_the_longest_branch_the_target_agrees_with():
     assert verify_tree_greedy(tree, [7, 0, 0, 0, 0, 0]) == type(v)((), 7)
     # stops where the branch and the target part: after 0 -> 2 the target wants 3, not 4
     assert verify_tree_greedy(tree, [0, 9, 9, 2, 3, 1]) == type(v)((2, 3), 3)
+
+
+# --- one target step over a tree, on a real model ------------------------------------------------
+
+TREE_TOKENS = (11, 12, 13, 14, 15, 16)
+TREE_PARENTS = (-1, -1, 0, 2, 0, 1)  # 11 -> 13 -> 14, 11 -> 15, 12 -> 16: three leaves
+
+
+@pytest.fixture(scope="module")
+def smol_trees(smol_path):
+    model = Model(smol_path, n_ctx=1024, tree_branches=4)  # by default only where a GPU takes the model
+    yield model
+    model.close()
+
+
+@pytest.mark.real
+def test_a_tree_evaluates_each_path_as_that_path_alone(smol_trees):
+    """Every node's logits are those of its path decoded as one sequence in a batch of the same size
+    (batches of different sizes may round differently, so the margin is measured on linear batches of
+    this size); after keeping a path the cache holds it and nothing else. (That decoding then goes on
+    as plain decoding would is the greedy-equivalence test's: tests/test_greedy_qwen.py.)"""
+    smol = smol_trees
+    session = smol.session
+    context = smol.tokenize("The quick brown fox jumps over the lazy dog. The quick brown")
+    size = 1 + len(TREE_TOKENS)
+
+    def linear(path: list[int]) -> np.ndarray:
+        """The path after the context, padded to the tree's batch size with tokens that come after it."""
+        session.rewind(len(context) - 1)
+        tokens = [TREE_TOKENS[n] for n in path]
+        rows = session.decode([context[-1], *tokens, *[20] * (size - 1 - len(tokens))], "all")
+        return np.array(rows[:1 + len(tokens)])
+
+    def padded_margin(path: list[int]) -> float:
+        """How much two linear batches of this size that share the path differ over it."""
+        a = linear(path)
+        session.rewind(len(context) - 1)
+        tokens = [TREE_TOKENS[n] for n in path]
+        b = session.decode([context[-1], *tokens, *[21] * (size - 1 - len(tokens))], "all")[:1 + len(tokens)]
+        return float(np.abs(a - b).max())
+
+    session.rewind(0)
+    session.decode(context[:-1], "none")
+    tree_rows = np.array(session.decode_tree(context[-1], TREE_TOKENS, TREE_PARENTS))
+    session.keep_path([0, 2])
+    assert session.tokens == [*context, 11, 13]
+    memory = session._memory
+    assert [llama_cpp.llama_memory_seq_pos_max(memory, s) for s in range(smol.tree_branches)] == \
+        [len(context) + 1, -1, -1, -1]  # seq 0 holds the path; the other branches' sequences are gone
+    for leaf in (3, 4, 5):
+        path = Tree(TREE_TOKENS, TREE_PARENTS, (None,) * 6).path(leaf)
+        want = linear(path)
+        got = tree_rows[[0, *(n + 1 for n in path)]]
+        assert np.abs(got - want).max() <= padded_margin(path), f"the path to node {leaf}"

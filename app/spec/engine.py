@@ -18,7 +18,7 @@ from specchat.errors import ContextFull, SpecchatError
 from specchat.spec.guessers import Guesser, NoGuesser
 from specchat.spec.sampling import SamplingConfig, logits_to_probs
 from specchat.spec.textstream import TextStream
-from specchat.spec.verify import Verdict, verify, verify_greedy
+from specchat.spec.verify import Tree, Verdict, verify, verify_greedy, verify_tree, verify_tree_greedy
 
 if TYPE_CHECKING:  # the engine drives a loaded Model; importing it must not load llama.cpp
     from specchat.llama.model import Model
@@ -210,15 +210,25 @@ class Engine:
             if proposal.tokens:  # where the cache cannot drop positions by itself, keep a way back
                 session.checkpoint(reach=len(proposal.tokens))
             t_checked = time.perf_counter()
-            verdict = self._verify(context[-1], proposal.tokens, proposal.probs, sampling, rng)
-            t_verified = time.perf_counter()
-            # Keep the pending token and the accepted run; the rest of the batch is rewound.
-            session.rewind(len(context) + verdict.n_accepted)
+            if proposal.tree is None:
+                verdict = self._verify(context[-1], proposal.tokens, proposal.probs, sampling, rng)
+                kept, bonus = proposal.tokens[:verdict.n_accepted], verdict.bonus(len(proposal.tokens))
+                t_verified = time.perf_counter()
+                # Keep the pending token and the accepted run; the rest of the batch is rewound.
+                session.rewind(len(context) + verdict.n_accepted)
+            else:
+                path, token = self._verify_tree(context[-1], proposal.tree, sampling, rng)
+                tree = proposal.tree
+                kept, bonus = [tree.tokens[i] for i in path], bool(path) and not tree.children(path[-1])
+                verdict = Verdict(len(path), token)
+                t_verified = time.perf_counter()
+                session.keep_path(path)  # the pending token and the path taken; every other branch goes
             t_end = time.perf_counter()
             rollback_s = (t_checked - t_verify) + (t_end - t_verified)
 
-            new = proposal.tokens[:verdict.n_accepted] + [verdict.token]
-            sources = [Source.DRAFT] * verdict.n_accepted + [_last_source(verdict, len(proposal.tokens))]
+            new = kept + [verdict.token]
+            last = Source.PLAIN if not proposal.tokens else Source.BONUS if bonus else Source.CORRECTION
+            sources = [Source.DRAFT] * verdict.n_accepted + [last]
             tokens, released = [], []
             # Token by token, as plain decoding would: a stop string or an end-of-generation token
             # inside the accepted run ends it there, and what follows is neither shown nor counted.
@@ -252,6 +262,14 @@ class Engine:
         return verify(draft, draft_probs, logits_to_probs(logits, sampling), rng)
 
 
+    def _verify_tree(self, pending: int, tree: Tree, sampling: SamplingConfig,
+                     rng: np.random.Generator) -> tuple[tuple[int, ...], int]:
+        logits = self.target.session.decode_tree(pending, tree.tokens, tree.parents)  # (nodes + 1, V)
+        v = verify_tree_greedy(tree, logits.argmax(-1)) if sampling.greedy else \
+            verify_tree(tree, logits_to_probs(logits, sampling), rng)
+        return v.path, v.token
+
+
 def final(events: Iterable[Event]) -> Done:
     """Run a generation to the end and return its summary (for callers that don't stream)."""
     done = None
@@ -263,7 +281,3 @@ def final(events: Iterable[Event]) -> Done:
     return done
 
 
-def _last_source(verdict: Verdict, n_drafted: int) -> Source:
-    if n_drafted == 0:
-        return Source.PLAIN
-    return Source.BONUS if verdict.bonus(n_drafted) else Source.CORRECTION

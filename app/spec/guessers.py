@@ -16,6 +16,7 @@ import numpy as np
 from specchat.errors import SpecchatError
 from specchat.spec.policy import Acceptance, CostCurve, MatchAcceptance, best_k, best_length, keep_drafting
 from specchat.spec.sampling import SamplingConfig, logits_to_probs, sample
+from specchat.spec.verify import Tree
 
 if TYPE_CHECKING:  # settings validate guesser names without loading llama.cpp
     from specchat.llama.model import Model
@@ -31,6 +32,9 @@ class Proposal:
     # Of the time the proposal took, what went into catching the draft's cache up with the tokens
     # committed since it last ran: a cost of the steps before, not of these guesses.
     sync_s: float = 0.0
+    # Several continuations at once, verified as a tree in one target step; `tokens` are then its
+    # nodes' tokens, in its order, and `probs` is None (the tree holds each node's draft distribution).
+    tree: Tree | None = None
 
     @staticmethod
     def empty() -> "Proposal":
@@ -280,8 +284,10 @@ class AutoGuesser:
 
     def __init__(self, curve: CostCurve, draft: DraftGuesser | None = None, max_match: int = 32,
                  window: int = 8, piece: Callable[[int], bytes] | None = None, mtp: MtpGuesser | None = None,
-                 history: HistoryIndex | None = None) -> None:
+                 history: HistoryIndex | None = None, tree_branches: int = 1) -> None:
         self.curve, self.draft, self.max_match, self.window = curve, draft, max_match, window
+        # Continuations verified together as a tree, at most this many (1: never; the cache decides).
+        self.tree_branches = tree_branches
         self.history = history  # the user's past conversations, another place to copy from
         # The models that draft token by token, each with its own acceptance and cost per token.
         self.drafters: dict[str, DraftGuesser | MtpGuesser] = {
@@ -298,6 +304,11 @@ class AutoGuesser:
         # The last step's source and, for lookup, where it copied from, its kind and match length.
         self._last: tuple[str, int, str, int] = ("none", 0, "far", 0)
         self._sampling = SamplingConfig()
+        self._matches: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        # The last step's tree: where it started in the context and its branches (source, first token,
+        # tokens drafted); which branch held is read from the context at the next step.
+        self._tree: tuple[int, list[tuple[tuple[str, int, str, int], int, int]]] | None = None
+        self._tree_accepted = 0
         for name, drafter in self.drafters.items():
             drafter.keep_going = lambda confidences, name=name: keep_drafting(
                 confidences, self.curve, self.curve.token_s(name))
@@ -311,7 +322,7 @@ class AutoGuesser:
         """Where to copy from (start, match length, kind): the longest earlier match; among equals,
         the one nearest after the cursor, else the latest. In a passage that the answer copies
         with edits, the text after an edit is there, not at the latest " the" or "    return"."""
-        ends, lengths = matches(context, self.max_match)
+        ends, lengths = self._matches = matches(context, self.max_match)
         source = None
         if len(ends):
             near = np.zeros(len(ends), dtype=bool)
@@ -347,23 +358,36 @@ class AutoGuesser:
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
+        self._settle_tree(context)
         self._last, self._sampling = ("none", 0, "far", 0), sampling
         best = 1.0 / float(self.curve.verify(1))  # a plain step
         choice = Proposal.empty()
+        # Copies worth sending on their own: (source, tokens, their acceptances), the best first.
+        copies: list[tuple[tuple[str, int, str, int], list[int], np.ndarray]] = []
         copy = self._copy_source(context) if k > 0 else None
         if copy is not None:
             start, m, kind = copy
             found = [int(t) for t in context[start:start + k]]
-            n, rate = best_length(self.lookup_acceptance[kind].alphas(m, len(found)), self.curve, 0.0)
+            alphas = self.lookup_acceptance[kind].alphas(m, len(found))
+            n, rate = best_length(alphas, self.curve, 0.0)
+            if n:
+                copies.append((("lookup", start, kind, m), found[:n], alphas[:n]))
             if n and rate > best:
                 best, choice = rate, Proposal(found[:n], None, "lookup")
                 self._last = ("lookup", start, kind, m)
         if self.history is not None and k > 0:
             found, m = self.history.propose(context, k)
-            n, rate = best_length(self.history.acceptance(sampling).alphas(m, len(found)), self.curve, 0.0)
+            alphas = self.history.acceptance(sampling).alphas(m, len(found))
+            n, rate = best_length(alphas, self.curve, 0.0)
+            if n:
+                copies.append((("history", 0, "history", m), found[:n], alphas[:n]))
             if n and rate > best:
                 best, choice = rate, Proposal(found[:n], None, "history")
                 self._last = ("history", 0, "history", m)
+        if self.tree_branches > 1 and copies:
+            tree = self._tree_of(context, copies, k, best)
+            if tree is not None:
+                best, choice = tree
         drafter = None
         for name in self.drafters if k > 0 else ():
             n, rate = best_k(self.drafter_acceptance[name].alpha, k, self.curve, self.curve.token_s(name))
@@ -375,10 +399,67 @@ class AutoGuesser:
             return self.drafters[name].propose(context, n, sampling, rng)
         return choice
 
+    def _tree_of(self, context: Sequence[int], copies: list, k: int,
+                 best: float) -> tuple[float, Proposal] | None:
+        """Several copies that disagree on their first token, as one tree, if the curve says that
+        verifying them together beats the best single guess: where verifying more positions costs
+        little (a GPU, Apple silicon), a second continuation is nearly free; on a small CPU, rarely.
+        Besides the copies found, the longest earlier match that continues differently from them."""
+        firsts = {tokens[0] for _, tokens, _ in copies}
+        ends, lengths = self._matches
+        other = [i for i in range(len(ends)) if ends[i] < len(context) and int(context[ends[i]]) not in firsts]
+        if other:
+            i = max(other, key=lambda j: (lengths[j], ends[j]))
+            start, m = int(ends[i]), int(lengths[i])
+            found = [int(t) for t in context[start:start + k]]
+            alphas = self.lookup_acceptance["far"].alphas(m, len(found))
+            n, _ = best_length(alphas, self.curve, 0.0)
+            if n:
+                copies = [*copies, (("lookup", start, "far", m), found[:n], alphas[:n])]
+        branches, seen = [], set()
+        for copy in copies:  # one branch per first token: deterministic siblings must differ
+            if copy[1][0] not in seen and len(branches) < self.tree_branches:
+                seen.add(copy[1][0])
+                branches.append(copy)
+        if len(branches) < 2:
+            return None
+        # The branches' first tokens cannot both be right: their chances are shares of one.
+        reach = [np.cumprod(alphas) for _, _, alphas in branches]
+        scale = min(1.0, 1.0 / sum(float(r[0]) for r in reach))
+        tokens = 1.0 + scale * sum(float(r.sum()) for r in reach)
+        nodes = sum(len(t) for _, t, _ in branches)
+        rate = tokens / float(self.curve.verify(1 + nodes))
+        if rate <= best:
+            return None
+        flat, parents = [], []
+        for _, t, _ in branches:
+            parents += [-1, *range(len(flat), len(flat) + len(t) - 1)]
+            flat += t
+        tree = Tree(tuple(flat), tuple(parents), (None,) * len(flat))
+        self._tree = (len(context), [(source, t[0], len(t)) for source, t, _ in branches])
+        self._last = ("tree", 0, "far", 0)
+        return rate, Proposal(flat, None, "tree", tree=tree)
+
+    def _settle_tree(self, context: Sequence[int]) -> None:
+        """What the last tree's branches made of it, now that the context shows which one held: that
+        one accepted what the step kept, the others nothing."""
+        if self._tree is None:
+            return
+        (at, branches), accepted = self._tree, self._tree_accepted
+        self._tree = None
+        held = int(context[at]) if accepted and at < len(context) else None
+        # the one that held last: a copy that missed must not undo where the one that held left off
+        for last, first, drafted in sorted(branches, key=lambda b: b[1] == held):
+            self._last = last
+            self.observe(drafted, accepted if first == held else 0, 0.0, 0.0)
+
     def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
         # The curve is the service's to keep current (from every step, whoever guessed): auto learns
         # acceptance here.
         source, start, kind, m = self._last
+        if source == "tree":  # settled at the next step, which shows which branch held
+            self._tree_accepted = accepted
+            return
         if source == "history":
             self.history.acceptance(self._sampling).observe(m, drafted, accepted)
         if source == "lookup":
@@ -436,7 +517,7 @@ def _auto(pair: Pair) -> Guesser:
     # The pair's live curve, which the service keeps current from real steps.
     return AutoGuesser(pair.curve(), DraftGuesser(pair.draft) if pair.draft is not None else None,
                        piece=pair.target.piece, mtp=MtpGuesser(pair.mtp) if pair.mtp is not None else None,
-                       history=pair.history)
+                       history=pair.history, tree_branches=pair.target.tree_branches)
 
 
 # Every guesser by name, in the order the app cycles through them. A new guesser is its class and one
