@@ -96,20 +96,19 @@ class _TemperedSession:
 
 
 def make(guesser: str, draft: Model):
-    if guesser == "lookup":
-        return LookupGuesser()
     # Sharper than the target (its logits doubled): the correction after a rejection then must come from
     # the residual, away from the draft's favourite, and drawing it from p instead moves the joint far
-    # enough to be seen in 1,500 answers (noncentrality about 400 here; a flatter draft, logits / 1.8,
-    # gave about 20, and a planted residual-from-p passed it).
+    # enough to be seen in 1,000 answers (a planted residual-from-p gave a chi-square of 262, p = 2e-48;
+    # with a flatter draft, logits / 1.8, it passed).
     tempered = DraftGuesser(Tempered(draft, 0.5))
     return tempered if guesser == "tempered draft" else AutoGuesser(flat_curve(), tempered)
 
 
-@pytest.mark.parametrize("guesser", ["lookup", "tempered draft", "auto"])
+# Lookup at T=1 is shown exactly on scripted models (tests/test_exact.py) and here inside auto's steps.
+@pytest.mark.parametrize("guesser", ["tempered draft", "auto"])
 def test_first_three_tokens_follow_the_targets_distribution(smol, smol_draft, guesser):
     """At T=1 (top-k 3, so the joint of three tokens has 27 cells to enumerate), with up to 4 guesses a
-    step, so that chains of drafted tokens are judged: the first three tokens of 1,500 answers against
+    step, so that chains of drafted tokens are judged: the first three tokens of 1,000 answers against
     the target's exact distribution. The rejection branch has to be taken often, or nothing is shown."""
     # Repetitive text, so that prompt lookup proposes continuations the target often but not
     # always accepts: both the acceptance and the residual path are exercised.
@@ -117,7 +116,7 @@ def test_first_three_tokens_follow_the_targets_distribution(smol, smol_draft, gu
     sampling = SamplingConfig(temperature=1.0, top_k=3)
     exact = _exact_distribution(smol, prompt, sampling)
     engine = Engine(smol, make(guesser, smol_draft))
-    n, counts, accepted, rejections = 1500, {}, 0, 0
+    n, counts, accepted, rejections = 1000, {}, 0, 0
     for seed in range(n):
         done = run(engine, prompt, GenerationConfig(SamplingConfig(1.0, top_k=3, seed=seed), max_tokens=5,
                                                     draft_length=4))
