@@ -248,7 +248,8 @@ class Session:
         context through seq 0's cells, shared with it. Returns logits (1 + len(tokens), n_vocab): the
         pending token's, then each node's. The cache then holds the pending token; `keep_path` keeps
         one path after it and frees the rest, and must come next."""
-        leaves = [i for i in range(len(tokens)) if i not in set(parents)]
+        has_children = set(parents)
+        leaves = [i for i in range(len(tokens)) if i not in has_children]
         if self.memory is not Memory.TRIM or self.followers or len(leaves) > self.model.tree_branches \
                 or 1 + len(tokens) > self.model.n_batch:
             raise ValueError(f"a tree of {len(tokens)} nodes and {len(leaves)} leaves needs an attention cache "
