@@ -7,6 +7,7 @@ benchmark all consume. The engine never imports the UI.
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 import time
 from dataclasses import astuple, dataclass, field, replace
@@ -112,6 +113,11 @@ class Stats:
     def plus(self, other: "Stats") -> "Stats":
         """Both together: the figures of two generations (or two parts of one rewrite) as one."""
         return Stats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    @staticmethod
+    def total(stats: Iterable["Stats"]) -> "Stats":
+        """All of them together, as one."""
+        return functools.reduce(Stats.plus, stats, Stats())
 
     def add_step(self, step: Step) -> "Stats":
         return Stats(self.n_prompt, self.cached, self.prefill_s, self.n_tokens + len(step.tokens), self.steps + 1,
@@ -261,7 +267,6 @@ class Engine:
             return verify_greedy(draft, logits.argmax(-1))
         return verify(draft, draft_probs, logits_to_probs(logits, sampling), rng)
 
-
     def _verify_tree(self, pending: int, tree: Tree, sampling: SamplingConfig,
                      rng: np.random.Generator) -> tuple[tuple[int, ...], int]:
         logits = self.target.session.decode_tree(pending, tree.tokens, tree.parents)  # (nodes + 1, V)
@@ -279,5 +284,3 @@ def final(events: Iterable[Event]) -> Done:
     if done is None:
         raise RuntimeError("the generation ended without a Done event")
     return done
-
-

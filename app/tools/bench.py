@@ -8,7 +8,6 @@ reported figures are medians over repeats.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import sys
@@ -64,7 +63,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
         report[task] = {}
         for name, reps in by_guesser.items():
             pooled = [s for rep in reps for s in rep]
-            total = _total(pooled)
+            total = Stats.total(pooled)
             k = config.draft_length if config.draft_length is not None else \
                 build(guessers[name], service.pair).default_draft_length
             tps = [_tps(r) for r in reps]
@@ -85,10 +84,6 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
-
-
-def _total(stats: list[Stats]) -> Stats:
-    return functools.reduce(Stats.plus, stats, Stats())
 
 
 def _tps(stats: list[Stats]) -> float:
