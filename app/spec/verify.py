@@ -39,21 +39,9 @@ def verify(
     deterministic (prompt lookup), i.e. point masses: then acceptance is p(x) and the
     residual is p with x removed.
     """
-    k = len(draft_tokens)
-    assert target_probs.shape[0] == k + 1, (target_probs.shape, k)
-    for i, x in enumerate(draft_tokens):
-        p = target_probs[i]
-        q_x = 1.0 if draft_probs is None else draft_probs[i, x]
-        # A draft's vocabulary may be wider than the target's: a token past the target's end is
-        # one the target cannot emit, p(x) = 0, and is rejected.
-        p_x = p[x] if x < len(p) else 0.0
-        # p >= q accepts with certainty: skip the draw so that greedy runs consume no randomness.
-        # But never a token the target cannot emit: with q(x) = 0 too, p >= q held and a token
-        # of target probability 0 was accepted (min(1, p/q) is 0/0 there; the target decides).
-        if (p_x >= q_x and p_x > 0) or rng.random() * q_x < p_x:
-            continue
-        return Verdict(i, sample(_residual(p, None if draft_probs is None else draft_probs[i], x), rng))
-    return Verdict(k, sample(target_probs[k], rng))
+    assert target_probs.shape[0] == len(draft_tokens) + 1, (target_probs.shape, len(draft_tokens))
+    v = verify_tree(Tree.chain(draft_tokens, draft_probs), target_probs, rng)  # a chain: this rule, node by node
+    return Verdict(len(v.path), v.token)
 
 
 def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> Verdict:
@@ -141,8 +129,13 @@ def verify_tree(tree: Tree, target_probs: np.ndarray, rng: np.random.Generator) 
         for child in tree.children(node):
             x, q = tree.tokens[child], tree.drafts[child]
             q_x = 1.0 if q is None else q[x]
+            # A draft's vocabulary may be wider than the target's: a token past the target's end is
+            # one the target cannot emit, r(x) = 0, and is rejected.
             r_x = r[x] if x < len(r) else 0.0
-            if (r_x >= q_x and r_x > 0) or rng.random() * q_x < r_x:  # as in `verify`, greedy draws nothing
+            # r >= q accepts with certainty: skip the draw so that greedy runs consume no randomness.
+            # But never a token the target cannot emit: with q(x) = 0 too, r >= q held and a token
+            # of target probability 0 was accepted (min(1, r/q) is 0/0 there; the target decides).
+            if (r_x >= q_x and r_x > 0) or rng.random() * q_x < r_x:
                 path.append(child)
                 node = child
                 break
