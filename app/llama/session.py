@@ -92,7 +92,6 @@ class Session:
         self.stats = RewindStats()
         # The tree `decode_tree` evaluated, until `keep_path` keeps one of its paths: leaves, parents, tokens.
         self._tree: tuple[list[int], list[int], list[int]] = ([], [], [])
-        self._tree_start = 0
 
     def close(self) -> None:
         if self._batch is not None:
@@ -275,7 +274,6 @@ class Session:
             b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, len(ids), True
             for j, s in enumerate(ids):
                 b.seq_id[i][j] = s
-        self._tree_start = start
         try:
             self.tokens.append(pending)  # before the call: an interruption cuts back to `start`
             for s in range(1, len(leaves)):  # the context's cells, shared with every other path
@@ -295,7 +293,7 @@ class Session:
         pending token, as seq 0, and free every other node's cells."""
         leaves, parents, tokens = self._tree
         self._tree = ([], [], [])
-        start = self._tree_start
+        start = len(self.tokens) - 1  # the pending token's position
         # the sequence of a leaf below the path's end holds the path; with an empty path, any does
         winner = next((s for s, leaf in enumerate(leaves) if not path or self._under(leaf, path[-1], parents)), 0)
         try:

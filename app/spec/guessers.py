@@ -407,7 +407,7 @@ class AutoGuesser:
         Besides the copies found, the longest earlier match that continues differently from them."""
         firsts = {tokens[0] for _, tokens, _ in copies}
         ends, lengths = self._matches
-        other = [i for i in range(len(ends)) if ends[i] < len(context) and int(context[ends[i]]) not in firsts]
+        other = [i for i in range(len(ends)) if int(context[ends[i]]) not in firsts]
         if other:
             i = max(other, key=lambda j: (lengths[j], ends[j]))
             start, m = int(ends[i]), int(lengths[i])
