@@ -214,3 +214,17 @@ def test_auto_credits_the_branch_of_a_tree_that_held():
     # the branch that held is credited with them, the other with a miss; copying goes on from there
     assert sorted(heard) == sorted([(drafted[3], 0), (drafted[7], 3)])
     assert auto._cursor == context.index(7) + 3
+
+
+def test_a_tree_that_ended_a_generation_is_not_credited_from_the_next_one():
+    context = [1, 2, 3, 4, 5, 0, 1, 2, 7, 8, 9, 0, 6, 1, 2]
+    auto = AutoGuesser(CostCurve([0.01] * 16), tree_branches=4)
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    assert auto.propose(context, 8, greedy, rng).tree is not None
+    heard = []
+    auto.lookup_acceptance["far"].observe = lambda m, d, a: heard.append((d, a))
+    auto.observe(6, 3, 0.0, 0.01)
+    other = [4, 4, 4, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]  # a new prompt: position 15 says nothing
+    auto.prepare(other)
+    auto.propose(other, 8, greedy, rng)
+    assert heard == []

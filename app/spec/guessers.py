@@ -315,6 +315,7 @@ class AutoGuesser:
 
     def prepare(self, context: Sequence[int]) -> None:
         self._cursor = self._replaced = None  # a new generation: nothing is being copied yet
+        self._tree = None  # a tree that ended the last one: which branch held is not in this context
         for drafter in self.drafters.values():
             drafter.prepare(context)
 
