@@ -166,8 +166,9 @@ class Model:
         else:
             # A tree of guesses is verified as several sequences over one cache (`Session.decode_tree`):
             # unified, so that they share the context's cells rather than each getting a slice of them.
-            # Only where verifying more positions is nearly free (offloaded to a GPU) by default: such a
-            # context decodes 4-7% slower on this project's 2-core CPU, where trees never pay anyway.
+            # By default only where verifying more positions is nearly free (offloaded to a GPU): on a CPU
+            # trees do not pay, and such a context gains nothing there (bench/tree_context: 0.96x to
+            # 1.03x plain and lookup speed on this project's 2-core CPU, within noise).
             if tree_branches is None:
                 offload = mparams.n_gpu_layers > 0 and llama_cpp.llama_supports_gpu_offload()
                 tree_branches = TREE_BRANCHES if offload else 1
