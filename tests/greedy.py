@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from specchat.llama.model import Model
-from specchat.spec.engine import Engine, GenerationConfig, final
+from specchat.spec.engine import Engine, GenerationConfig, Stats, final
 from specchat.spec.guessers import Guesser, NoGuesser
 from specchat.tools.ties import Parting, parting
 
@@ -21,6 +21,7 @@ class RecordingEngine(Engine):
 
     rows: dict[int, np.ndarray]
     n_prompt: int
+    stats: Stats  # the last run's
     trees: int = 0  # steps that verified a tree
     elsewhere: int = 0  # ... and kept a path that is not the first branch's (seq 0's)
 
@@ -44,20 +45,23 @@ class RecordingEngine(Engine):
 
     def run(self, prompt: list[int], config: GenerationConfig) -> tuple[int, ...]:
         self.n_prompt, self.rows, self.trees, self.elsewhere = len(prompt), {}, 0, 0
-        return final(self.generate(prompt, config)).token_ids
+        done = final(self.generate(prompt, config))
+        self.stats = done.stats
+        return done.token_ids
 
 
 def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], Guesser], n: int,
-            trees: list[tuple[int, int]] | None = None) -> list[Parting]:
+            trees: list[tuple[int, int]] | None = None, draft_length: int | None = None,
+            runs: list[Stats] | None = None) -> list[Parting]:
     """Every one of n tokens, equal or a near-tie. After a near-tie both runs go on from the speculative
     choice, so that one flip does not end the comparison. Returns the near-ties, for the report;
     `trees` hears, per speculative run, how many steps verified a tree and how many of those kept a
-    path other than the first branch's."""
+    path other than the first branch's; `runs`, each speculative run's stats."""
     answer: list[int] = []  # agreed so far (through the near-ties, the speculative choice)
     ties: list[Parting] = []
     plain, spec = RecordingEngine(target, NoGuesser()), RecordingEngine(target)
     while len(answer) < n:
-        config = GenerationConfig(max_tokens=n - len(answer))
+        config = GenerationConfig(max_tokens=n - len(answer), draft_length=draft_length)
         spec.guesser = guesser()
         plain_ids, spec_ids = plain.run(prompt + answer, config), spec.run(prompt + answer, config)
         i = next((i for i, (a, b) in enumerate(zip(spec_ids, plain_ids)) if a != b), None)
@@ -67,6 +71,8 @@ def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], 
                         target.n_threads, rows)
         if trees is not None:
             trees.append((spec.trees, spec.elsewhere))
+        if runs is not None:
+            runs.append(spec.stats)
         if found is None:
             break
         assert found.tie, "the engine is wrong: " + found.report()

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
 import tiny_gguf
+from greedy import compare
 from scipy.stats import chisquare
 
 from specchat.errors import SpecchatError
@@ -25,10 +28,11 @@ from specchat.llama.template import Message
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
 from specchat.service.loader import load_pair
-from specchat.spec.engine import Engine, GenerationConfig, final
-from specchat.spec.guessers import AutoGuesser, DraftGuesser, MtpGuesser, NoGuesser, build
+from specchat.spec.engine import Engine, GenerationConfig, Stats, final
+from specchat.spec.guessers import AutoGuesser, DraftGuesser, Guesser, MtpGuesser, NoGuesser, build
 from specchat.spec.policy import CostCurve
 from specchat.spec.sampling import SamplingConfig, logits_to_probs
+from specchat.tools.ties import parting
 
 pytestmark = pytest.mark.real  # the default tokenizer is copied from SmolLM2's GGUF, fetched from the registry
 REPO = Path(__file__).resolve().parent.parent
@@ -136,10 +140,8 @@ def test_a_gemma4_assistant_given_as_the_draft_becomes_the_targets_mtp_head(file
         target = pair.target
         assert target.n_swa > 0 and target.memory is Memory.TRIM
         prompt = target.tokenize(TEXT * 2, add_bos=True)
-        expected = plain_ids(target, prompt, 48)
         for name in ("mtp", "lookup"):
-            done = final(Engine(target, build(name, pair)).generate(prompt, GenerationConfig(max_tokens=48, draft_length=3)))
-            assert done.token_ids == expected and done.stats.drafted > 0, name
+            greedy_as_plain(target, files["gemma4"], prompt, lambda: build(name, pair), draft_length=3)
     finally:
         pair.close()
 
@@ -155,19 +157,26 @@ def test_greedy_speculative_output_equals_plain_decoding(files, arch, drafting):
     try:
         target = pair.target
         prompt = target.tokenize(TEXT * 2, add_bos=True)
-        expected = plain_ids(target, prompt, 48)
         names = ["lookup", "draft"] + (["mtp"] if pair.mtp is not None else [])
         for name in names:
-            config = GenerationConfig(max_tokens=48, draft_length=3)
-            done = final(Engine(target, build(name, pair)).generate(prompt, config))
-            assert done.token_ids == expected, f"{name} on {arch}"
-            assert done.stats.drafted > 0, f"{name} guessed nothing on {arch}"
-        auto = AutoGuesser(FLAT.copy(), DraftGuesser(pair.draft), piece=target.piece,
-                           mtp=MtpGuesser(pair.mtp) if pair.mtp is not None else None)
-        done = final(Engine(target, auto).generate(prompt, GenerationConfig(max_tokens=48)))
-        assert done.token_ids == expected and done.stats.drafted > 0
+            greedy_as_plain(target, files[arch], prompt, lambda: build(name, pair), draft_length=3)
+        greedy_as_plain(target, files[arch], prompt, lambda: AutoGuesser(
+            FLAT.copy(), DraftGuesser(pair.draft), piece=target.piece,
+            mtp=MtpGuesser(pair.mtp) if pair.mtp is not None else None))
     finally:
         pair.close()
+
+
+def greedy_as_plain(target: Model, path: Path, prompt: list[int], guesser: Callable[[], Guesser],
+                    draft_length: int | None = None) -> None:
+    """48 tokens as plain decoding gives them, each equal or a near-tie (tests/greedy.py), and some of them
+    guessed. A random-weight model's logits lie close together, and batched and single-token evaluation
+    of a layer round differently on some CPUs (gated delta nets on the CI machine): such a flip is
+    excused only under the noise measured on a fresh model and the fixed ceiling."""
+    runs: list[Stats] = []
+    for tie in compare(target, path, prompt, guesser, 48, draft_length=draft_length, runs=runs):
+        warnings.warn(f"{path.stem}: {tie.report()}")
+    assert sum(r.drafted for r in runs) > 0, f"nothing was guessed on {path.stem}"
 
 
 # --- sampling at T=1 is exactly the target's ------------------------------------------------------------
@@ -250,6 +259,15 @@ def fresh_answer(path: Path, prompt: list[int]) -> tuple[int, ...]:
         fresh.close()
 
 
+def same_answer(path: Path, prompt: list[int], ours: tuple[int, ...], theirs: tuple[int, ...] | None = None) -> None:
+    """`ours` is `theirs` (default: a fresh process's answer), or parts from it at a near-tie judged on a
+    fresh model (`specchat.tools.ties`, as `greedy_as_plain` excuses one)."""
+    found = parting(path, prompt, ours, fresh_answer(path, prompt) if theirs is None else theirs, 1024, 1)
+    if found is not None:
+        assert found.tie, found.report()
+        warnings.warn(f"{path.stem}: {found.report()}")
+
+
 @pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
 def test_a_second_turn_regenerate_and_edit_give_what_a_fresh_process_gives(files, arch):
     """Through the conversation service, as the app and `serve` use it, with auto guessing (a flat curve):
@@ -262,18 +280,21 @@ def test_a_second_turn_regenerate_and_edit_give_what_a_fresh_process_gives(files
     try:
         first = [Message("system", "Be brief."), Message("user", TEXT)]
         one = answer(service, first)
-        assert one.stats.drafted > 0 and one.token_ids == fresh_answer(files[arch], service.last_prompt)
+        assert one.stats.drafted > 0
+        same_answer(files[arch], service.last_prompt, one.token_ids)
         second = first + [Message("assistant", one.text), Message("user", "Say that again, shorter.")]
         two = answer(service, second)
         assert two.stats.cached >= one.stats.n_prompt + len(one.token_ids) - 1  # the first turn's cache, reused
-        assert two.token_ids == fresh_answer(files[arch], service.last_prompt)
+        same_answer(files[arch], service.last_prompt, two.token_ids)
         restores, replayed, prompt = session.stats.restores, session.stats.replayed, service.last_prompt
         again = answer(service, second)  # regenerate: the same history, back to the prompt's end
-        assert service.last_prompt == prompt and again.token_ids == two.token_ids
+        assert service.last_prompt == prompt
+        same_answer(files[arch], prompt, again.token_ids, two.token_ids)
         # Back to the state saved at the prompt's end: restored, with nothing decoded again.
         assert session.stats.restores > restores and session.stats.replayed - replayed < 20
         edited = second[:-1] + [Message("user", "Say it once more, in other words.")]
-        assert answer(service, edited).token_ids == fresh_answer(files[arch], service.last_prompt)
+        three = answer(service, edited)
+        same_answer(files[arch], service.last_prompt, three.token_ids)
     finally:
         service.close()
 
