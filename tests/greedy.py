@@ -50,6 +50,23 @@ class RecordingEngine(Engine):
         return done.token_ids
 
 
+# Plain decoding's answers (and the rows they chose from) for one model file, per prompt so far: every
+# guesser, and a context built for trees, is held to the same ones, so each is decoded once, not once
+# per guesser. Only the latest file's are kept (a 64-token answer's rows are 39 MB on the default pair).
+_plain: dict[tuple, tuple[tuple[int, ...], dict[int, np.ndarray]]] = {}
+
+
+def plain_run(engine: RecordingEngine, path: Path, prompt: list[int],
+              config: GenerationConfig) -> tuple[tuple[int, ...], dict[int, np.ndarray]]:
+    model = (str(path), engine.target.n_ctx)
+    if next(iter(_plain), (None, None))[:2] != model:
+        _plain.clear()
+    key = (*model, tuple(prompt), config.max_tokens)
+    if key not in _plain:
+        _plain[key] = engine.run(prompt, config), engine.rows
+    return _plain[key]
+
+
 def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], Guesser], n: int,
             trees: list[tuple[int, int]] | None = None, draft_length: int | None = None,
             runs: list[Stats] | None = None) -> list[Parting]:
@@ -63,9 +80,9 @@ def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], 
     while len(answer) < n:
         config = GenerationConfig(max_tokens=n - len(answer), draft_length=draft_length)
         spec.guesser = guesser()
-        plain_ids, spec_ids = plain.run(prompt + answer, config), spec.run(prompt + answer, config)
+        (plain_ids, plain_rows), spec_ids = plain_run(plain, path, prompt + answer, config), spec.run(prompt + answer, config)
         i = next((i for i, (a, b) in enumerate(zip(spec_ids, plain_ids)) if a != b), None)
-        rows = (spec.rows[i], plain.rows[i]) if i is not None else None
+        rows = (spec.rows[i], plain_rows[i]) if i is not None else None
         # Judged against the prompt alone, so that the fresh model evaluates the whole answer both ways.
         found = parting(path, prompt, answer + list(spec_ids), answer + list(plain_ids), target.n_ctx,
                         target.n_threads, rows)
