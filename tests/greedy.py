@@ -59,7 +59,7 @@ _plain: dict[tuple, tuple[tuple[int, ...], dict[int, np.ndarray]]] = {}
 def plain_run(engine: RecordingEngine, path: Path, prompt: list[int],
               config: GenerationConfig) -> tuple[tuple[int, ...], dict[int, np.ndarray]]:
     model = (str(path), engine.target.n_ctx)
-    if next(iter(_plain), (None, None))[:2] != model:
+    if any(key[:2] != model for key in _plain):
         _plain.clear()
     key = (*model, tuple(prompt), config.max_tokens)
     if key not in _plain:

@@ -58,9 +58,10 @@ def oracle_lookup_seconds(seq: Sequence[int], start: int, curve: CostCurve, max_
     i, seconds = start, 0.0
     while i < len(seq):
         r = _accepted(lookup(seq[:i], 64, max_ngram), seq, i)
-        per_token = curve.verify(np.arange(1, r + 2)) / np.arange(1, r + 2)
-        j = int(np.argmin(per_token))  # guesses kept: j + 1 tokens this step
-        seconds += float(curve.verify(j + 1))
+        sizes = np.arange(1, r + 2)
+        steps = curve.verify(sizes)
+        j = int(np.argmin(steps / sizes))  # guesses kept: j + 1 tokens this step
+        seconds += float(steps[j])
         i += j + 1
     return seconds
 
