@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, replace
 from typing import Callable, Iterator
 
+import numpy as np
 from filelock import FileLock, Timeout
 
 from specchat.llama.model import Model
@@ -27,7 +28,7 @@ from specchat.llama.mtp import MtpHead
 from specchat.spec.calibrate import MAX_POSITIONS, Calibration, conservative, measure_curve
 from specchat.spec.engine import Done, Step
 from specchat.spec.policy import CostCurve, Rollback
-from specchat.spec.timing import StepTimes, low
+from specchat.spec.timing import StepTimes
 from specchat.store.files import cache_file, read_cache, update_cache
 
 COSTS = "costs.json"  # this machine's cost curves, in the user cache dir
@@ -95,14 +96,20 @@ class PairCosts:
         self.curve.draft_s, self.curve.mtp_s, self.curve.rollback = fitted.draft_s, fitted.mtp_s, fitted.rollback
 
     def judge(self, done: Done, steps: list[Step], before: CostCurve) -> Done:
-        """The answer's speedup, against plain decoding under the same conditions: its own plain steps if
-        it had a few, else the live curve's one position; never more than its tokens per step allow. A
-        machine busy during the answer (steps much slower than the curve said) is noted."""
-        plain = [s.verify_s for s in steps if not s.drafted]
-        plain_s = low(plain) if len(plain) >= 3 else float(self.curve.verify(1))
+        """The answer's speedup, against plain decoding at the same moments, and whether the machine was busy
+        (steps much slower than the curve said).
+
+        Plain decoding's step time is the mean, over the answer's steps, of what a plain step cost at each:
+        a plain step's own time, and a guessing step's time scaled by the curve's plain-to-n ratio. A mean
+        against a mean: an answer of plain steps shows exactly 1.00x however its step times vary, where a
+        low quantile of the same steps (right for a cost to plan with) made it look slower than itself."""
+        if not steps:
+            return done
+        equivalents = [(s.verify_s - s.rollback_s) * float(before.verify(1) / before.verify(s.drafted + 1))
+                       for s in steps]
         ratios = [(s.verify_s - s.rollback_s) / float(before.verify(s.drafted + 1)) for s in steps]
-        slowdown = float(sorted(ratios)[len(ratios) // 2]) if ratios else 1.0
-        return replace(done, plain_s=plain_s, slowdown=slowdown)
+        slowdown = float(sorted(ratios)[len(ratios) // 2])
+        return replace(done, plain_s=float(np.mean(equivalents)), slowdown=slowdown)
 
     # --- keeping it ----------------------------------------------------------------------------
 

@@ -236,6 +236,10 @@ class StatsPanel(Vertical):
         top = max(runs.values(), default=1)
         self.query_one("#runs", Static).update(
             "\n".join(f"{k:2d} {'█' * max(1, round(12 * v / top))} {v}" for k, v in sorted(runs.items())) or "–")
-        how = "baseline: not measured yet" if self.baseline is None else \
-            f"baseline {base:.1f} tok/s: {self.baseline.how}" if base else f"baseline: {self.baseline.how}"
+        if self.done is not None and self.done.plain_s and speedup is not None:
+            # What the speedup above was divided by, not the estimate it replaced when the answer ended.
+            how = f"baseline {1 / self.done.plain_s:.1f} tok/s: plain steps at this answer's moments"
+        else:
+            how = "baseline: not measured yet" if self.baseline is None else \
+                f"baseline {base:.1f} tok/s: {self.baseline.how}" if base else f"baseline: {self.baseline.how}"
         self.query_one("#baseline", Static).update(how)
