@@ -7,8 +7,11 @@ import pytest
 
 from specchat.spec.guessers import AutoGuesser
 from specchat.spec.policy import (
+    LOSS_BUDGET,
+    START_STEPS,
     Acceptance,
     CostCurve,
+    LossAccount,
     MatchAcceptance,
     best_k,
     best_length,
@@ -16,6 +19,7 @@ from specchat.spec.policy import (
     keep_drafting,
 )
 from specchat.spec.sampling import SamplingConfig
+from specchat.tools.corpus import Answer, auto_for, replay
 from specchat.tools.replay import lookup_hits_by_match, modelled_seconds, oracle_lookup_seconds
 
 # Shapes measured on this project's machines: a 2-core CPU, where verifying 5 positions costs
@@ -23,6 +27,8 @@ from specchat.tools.replay import lookup_hits_by_match, modelled_seconds, oracle
 CPU = CostCurve([0.0276, 0.0437, 0.0578, 0.072, 0.100, 0.104, 0.113, 0.121, 0.135, 0.149, 0.152, 0.156,
                  0.154, 0.152, 0.150, 0.149], draft_s=0.0148)
 GPU = CostCurve([0.010 + 0.0002 * n for n in range(16)], draft_s=0.001)
+# A laptop GPU under CUDA (bench/curves.json): 8 positions cost 2.4 times one.
+LAPTOP = CostCurve([0.010 * (1 + 0.2 * n) for n in range(16)], draft_s=0.0044)
 
 
 def test_expected_tokens_matches_simulation():
@@ -240,3 +246,42 @@ def test_the_oracle_bound_is_never_slower_than_plain_decoding():
     assert oracle_lookup_seconds(prompt + [5, 6, 7], 20, busy) == pytest.approx(3 * 0.02)
     assert oracle_lookup_seconds(prompt + prompt, 20, busy) < 20 * 0.02  # long copies still pay
     assert oracle_lookup_seconds(prompt + prompt, 20, CPU) <= 20 * float(CPU.verify(1))
+
+
+def _adversarial(seed: int = 27, n: int = 500, vocabulary: int = 8) -> Answer:
+    """Text over a few tokens: earlier matches abound and their continuations are right only by chance, so
+    every prior that trusts a long match is wrong here."""
+    seq = np.random.default_rng(seed).integers(0, vocabulary, n).tolist()
+    return Answer("open", "held-out", 0.0, tuple(seq[:100]), tuple(seq[100:]))
+
+
+@pytest.mark.parametrize("curve", [CPU, LAPTOP], ids=["cpu", "laptop"])
+def test_the_loss_budget_holds_auto_near_plain_whatever_its_priors(monkeypatch, curve):
+    answer = _adversarial()
+    plain = float(curve.verify(1)) * len(answer.answer)
+    # At worst the budget's share of the answer's plain time, and of its start allowance, is lost.
+    floor = plain / (plain + LOSS_BUDGET * (plain + START_STEPS * float(curve.verify(1))))
+    auto = auto_for(answer, curve)
+    seconds, steps = replay(answer, curve, auto)
+    assert plain / seconds >= floor - 1e-9
+    assert steps < len(answer.answer)  # it did guess, and some guesses held: not plain decoding in disguise
+    # The control: the same text without the budget loses more than the budget allows.
+    monkeypatch.setattr(LossAccount, "allowance", lambda self, plain_s: float("inf"))
+    unbudgeted, _ = replay(answer, curve, auto_for(answer, curve))
+    assert plain / unbudgeted < floor
+
+
+def test_the_loss_budget_lets_a_copy_that_pays_run_long():
+    # A passage copied whole: once its first guesses hold, the gain pays for long ones.
+    passage = np.random.default_rng(3).integers(10, 500, 120).tolist()
+    answer = Answer("rewrite", "held-out", 0.0, tuple([1, *passage, 2]), tuple(passage))
+    seconds, steps = replay(answer, CPU, auto_for(answer, CPU))
+    assert float(CPU.verify(1)) * len(passage) / seconds > 2.0 and steps < len(passage) / 4
+
+
+def test_the_account_prices_each_step_by_the_curve_under_a_seed():
+    account = AutoGuesser(CPU).account
+    account.settle(3, float(CPU.verify(3)), float(CPU.verify(1)))  # 3 tokens for the price of verifying 3
+    assert account.gained == pytest.approx(3 * float(CPU.verify(1)) - float(CPU.verify(3)))
+    account.start()
+    assert account.gained == 0 and account.total_gained == pytest.approx(3 * CPU.verify_s[0] - CPU.verify_s[2])

@@ -101,7 +101,7 @@ def make(guesser: str, draft: Model):
     # enough to be seen in 500 answers (a planted residual-from-p gave a chi-square of 125, p = 2e-21;
     # in 1,000, 262, p = 2e-48; with a flatter draft, logits / 1.8, it passed).
     tempered = DraftGuesser(Tempered(draft, 0.5))
-    return tempered if guesser == "tempered draft" else AutoGuesser(flat_curve(), tempered)
+    return tempered if guesser == "tempered draft" else AutoGuesser(flat_curve(), {"draft": tempered})
 
 
 # Lookup at T=1 is shown exactly on scripted models (tests/test_exact.py) and here inside auto's steps.

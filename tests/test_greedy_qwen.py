@@ -47,7 +47,7 @@ def test_speculative_greedy_equals_plain(pair, qwen_paths, case, guesser):
     guessers = {"draft": lambda: DraftGuesser(draft), "lookup": LookupGuesser,
                 # A GPU-like cost curve, so that the controller drafts (with early stops) and looks up.
                 "auto": lambda: AutoGuesser(CostCurve([0.01 + 0.0002 * n for n in range(16)], 0.001),
-                                            DraftGuesser(draft))}
+                                            {"draft": DraftGuesser(draft)})}
     for tie in compare(target, qwen_paths[0], prompt, guessers[guesser], 64):
         warnings.warn(f"{guesser}: {tie.report()}")
 

@@ -161,8 +161,8 @@ def test_greedy_speculative_output_equals_plain_decoding(files, arch, drafting):
         for name in names:
             greedy_as_plain(target, files[arch], prompt, lambda: build(name, pair), draft_length=3)
         greedy_as_plain(target, files[arch], prompt, lambda: AutoGuesser(
-            FLAT.copy(), DraftGuesser(pair.draft), piece=target.piece,
-            mtp=MtpGuesser(pair.mtp) if pair.mtp is not None else None))
+            FLAT.copy(), {"draft": DraftGuesser(pair.draft), **({"mtp": MtpGuesser(pair.mtp)} if pair.mtp is not None else {})},
+            piece=target.piece))
     finally:
         pair.close()
 

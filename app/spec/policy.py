@@ -62,6 +62,20 @@ class CostCurve:
         """One drafted token of the "draft" model or of the "mtp" layers."""
         return self.mtp_s if drafter == "mtp" else self.draft_s
 
+    def spent_s(self, drafted: int, accepted: int, draft_s: float) -> float:
+        """What a step that sent `drafted` guesses and kept `accepted` cost by this curve, with draft_s for
+        its drafting: the verification and, where the cache cannot drop positions, taking back the rest."""
+        seconds = draft_s + float(self.verify(drafted + 1))
+        r = self.rollback
+        if r is not None and drafted > r.free_depth:
+            seconds += r.save_s + (r.restore_s + float(self.verify(accepted + 1)) if accepted < drafted else 0.0)
+        return seconds
+
+    def worst_loss(self, k_max: int, draft_s: float) -> np.ndarray:
+        """For k = 0..k_max guesses, what a step that sends k and has every one rejected costs beyond the
+        plain step that would have made its one token."""
+        return self.step_s(np.zeros(k_max), draft_s) - float(self.verify(1))
+
     def step_s(self, alphas: np.ndarray, draft_s: float) -> np.ndarray:
         """Expected seconds of a step that sends the first k of these guesses, for k = 0..len(alphas):
         drafting, verifying k + 1 positions, and taking back what is rejected."""
@@ -78,19 +92,24 @@ class CostCurve:
         return seconds + np.where(ks > r.free_depth, r.save_s + taken_back, 0.0)
 
 
-def best_length(alphas: np.ndarray, cost: CostCurve, draft_s: float) -> tuple[int, float]:
+def best_length(alphas: np.ndarray, cost: CostCurve, draft_s: float,
+                max_loss: float = float("inf")) -> tuple[int, float]:
     """How many of the offered guesses (0..len(alphas)) to send, and the expected tokens per second
-    then, when guess j is accepted with probability alphas[j] given that those before it were."""
+    then, when guess j is accepted with probability alphas[j] given that those before it were. Only
+    lengths whose worst case (every guess rejected) costs at most `max_loss` more than a plain step."""
+    alphas = np.asarray(alphas, dtype=np.float64)
     tokens = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(alphas))])
-    rate = tokens / cost.step_s(np.asarray(alphas, dtype=np.float64), draft_s)
+    rate = tokens / cost.step_s(alphas, draft_s)
+    rate[cost.worst_loss(len(alphas), draft_s) > max_loss] = -np.inf  # length 0 loses nothing: always allowed
     best = int(rate.argmax())
     return best, float(rate[best])
 
 
-def best_k(alpha: float, k_max: int, cost: CostCurve, draft_s: float) -> tuple[int, float]:
+def best_k(alpha: float, k_max: int, cost: CostCurve, draft_s: float,
+           max_loss: float = float("inf")) -> tuple[int, float]:
     """The number of guesses (0..k_max), each accepted with probability alpha, that maximizes
     expected tokens per second, and that rate."""
-    return best_length(np.full(max(0, k_max), alpha), cost, draft_s)
+    return best_length(np.full(max(0, k_max), alpha), cost, draft_s, max_loss)
 
 
 def keep_drafting(confidences: list[float], cost: CostCurve, draft_s: float | None = None) -> bool:
@@ -171,3 +190,42 @@ class MatchAcceptance:
     def relax(self) -> None:
         for estimate in self.buckets:
             estimate.relax()
+
+
+# The loss budget: what auto may lose, at worst, against plain decoding. An answer's account starts with
+# LOSS_BUDGET of START_STEPS plain steps and earns LOSS_BUDGET of every token's plain cost on top of what
+# its guesses gained; a guess whose every token could be rejected is sent only if that worst case fits.
+LOSS_BUDGET = 0.02
+START_STEPS = 32
+
+
+@dataclass
+class LossAccount:
+    """Seconds that guessing has gained over plain decoding (negative: lost), for one answer and for the
+    whole conversation. Whatever the acceptance estimates say, a guess is sent only if its worst case
+    keeps both accounts above minus their budget, so no answer can end more than about LOSS_BUDGET slower
+    than plain decoding; once guesses have paid, the gain itself is what further guesses may risk."""
+
+    gained: float = 0.0  # this answer
+    plain: float = 0.0  # what plain decoding would have spent on this answer's tokens
+    total_gained: float = 0.0  # the conversation
+    total_plain: float = 0.0
+
+    def start(self) -> None:
+        """A new answer: its own account opens; the conversation's carries on."""
+        self.gained = self.plain = 0.0
+
+    def allowance(self, plain_s: float) -> float:
+        """The most the next step may lose against a plain step, in seconds."""
+        answer = self.gained + LOSS_BUDGET * (self.plain + START_STEPS * plain_s)
+        conversation = self.total_gained + LOSS_BUDGET * (self.total_plain + START_STEPS * plain_s)
+        return max(0.0, min(answer, conversation))
+
+    def settle(self, tokens: int, seconds: float, plain_s: float) -> None:
+        """A step that made `tokens` tokens in `seconds`, where a plain step costs plain_s."""
+        for_plain = tokens * plain_s
+        self.gained += for_plain - seconds
+        self.plain += for_plain
+        self.total_gained += for_plain - seconds
+        self.total_plain += for_plain
+

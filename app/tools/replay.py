@@ -5,14 +5,16 @@ without timing noise. The measuring commands (`bench`, `measure`) build on these
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from specchat.llama.model import Model
 from specchat.spec.guessers import Guesser, lookup, lookup_match
 from specchat.spec.policy import CostCurve, expected_tokens
 from specchat.spec.sampling import SamplingConfig
+
+if TYPE_CHECKING:  # replaying needs no llama.cpp
+    from specchat.llama.model import Model
 
 
 def tokens_per_step_formula(alpha: float, k: int) -> float:

@@ -1,0 +1,16 @@
+"""Guessers: cheap proposals for the next tokens, checked by the target in one step.
+
+One interface (`base`), guessers that copy (`copying`), guessers that draft token by token (`drafting`),
+auto, which picks among them at every step by this machine's costs (`auto`), and the registry that names
+them all for the command line, the settings, the app and the server (`registry`).
+"""
+
+from specchat.spec.guessers.auto import AutoGuesser, Drafter
+from specchat.spec.guessers.base import BaseGuesser, Guesser, NoGuesser, Proposal
+from specchat.spec.guessers.copying import HistoryGuesser, LookupGuesser, lookup, lookup_match, matches
+from specchat.spec.guessers.drafting import DraftGuesser, MtpGuesser, draft_tokens
+from specchat.spec.guessers.registry import GUESSERS, NEEDS, REGISTRY, Entry, Pair, available, build, unavailable
+
+__all__ = ["AutoGuesser", "BaseGuesser", "DraftGuesser", "Drafter", "Entry", "GUESSERS", "Guesser", "HistoryGuesser",
+           "LookupGuesser", "MtpGuesser", "NEEDS", "NoGuesser", "Pair", "Proposal", "REGISTRY", "available", "build",
+           "draft_tokens", "lookup", "lookup_match", "matches", "unavailable"]

@@ -1,0 +1,69 @@
+"""The guesser interface: what every guesser proposes, and what it may hear back.
+
+A guesser returns the tokens it proposes and, if it sampled them, the distributions it sampled from;
+deterministic proposals (copies) return None, which the verifier treats as point masses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from specchat.spec.sampling import SamplingConfig
+from specchat.spec.verify import Tree
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: list[int]
+    probs: np.ndarray | None  # (len(tokens), V) or None for deterministic proposals
+    guesser: str = "none"  # which guesser made it: "none", "lookup", "draft", "mtp" or "history"
+    # Of the time the proposal took, what went into catching the draft's cache up with the tokens
+    # committed since it last ran: a cost of the steps before, not of these guesses.
+    sync_s: float = 0.0
+    # Several continuations at once, verified as a tree in one target step; `tokens` are then its
+    # nodes' tokens, in its order, and `probs` is None (the tree holds each node's draft distribution).
+    tree: Tree | None = None
+
+    @staticmethod
+    def empty() -> "Proposal":
+        return Proposal([], None)
+
+
+class Guesser(Protocol):
+    name: str
+    default_draft_length: int
+
+    def prepare(self, context: Sequence[int]) -> None:
+        """Called once per generation with the prompt, before timing starts counting steps."""
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        """Up to k tokens likely to follow context (which ends with the last committed token)."""
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
+        """What the step made of the last proposal, for guessers that learn: verify_s is the
+        verification alone, rollback_s what saving and restoring the state cost on top of it."""
+
+
+class BaseGuesser:
+    """No-op defaults: a guesser that needs no set-up and learns nothing defines `propose` alone."""
+
+    name = "none"
+    default_draft_length = 0
+
+    def prepare(self, context: Sequence[int]) -> None:
+        pass
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
+        pass
+
+
+class NoGuesser(BaseGuesser):
+    """Plain decoding through the same engine: every step verifies nothing and samples one token."""
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        return Proposal.empty()

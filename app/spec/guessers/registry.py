@@ -1,0 +1,105 @@
+"""The registry: every guesser by name, what each needs of a pair, and how it is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Collection, Protocol, Sequence
+
+from specchat.errors import SpecchatError
+from specchat.spec.guessers.auto import AutoGuesser
+from specchat.spec.guessers.base import Guesser, NoGuesser
+from specchat.spec.guessers.copying import HistoryGuesser, LookupGuesser
+from specchat.spec.guessers.drafting import DraftGuesser, MtpGuesser
+from specchat.spec.policy import CostCurve
+
+if TYPE_CHECKING:
+    from specchat.llama.model import Model
+    from specchat.llama.mtp import MtpHead
+    from specchat.spec.history import HistoryIndex
+
+
+class Pair(Protocol):
+    """What a guesser is built from: a loaded target, its draft if any, and this machine's costs."""
+
+    target: Model
+    draft: Model | None
+    mtp: MtpHead | None  # the target's own MTP layers (or its assistant's), if it has them
+    history: HistoryIndex | None  # the user's past conversations in the target's tokens, where known
+    warnings: list[str]  # why something the user asked for was left out (a draft that failed to load)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What the pair has that a guesser may need (see NEEDS)."""
+
+    def curve(self) -> CostCurve: ...
+
+
+# What a guesser may need, in the words that say so when a pair lacks it.
+NEEDS = {"rewind": "a cache that can take back a rejected guess, which this model's cannot (see its warning)",
+         "draft": "a draft model: pass --draft PATH or use a --pair that has one",
+         "mtp": "MTP layers: a model that has them (Qwen3.5/3.6, DeepSeek, GLM), or a Gemma 4 target with its "
+                "gemma4-assistant file as --draft",
+         "history": "the app's conversations to copy from (`generate` and `serve` have none)"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    help: str
+    build: Callable[[Pair], Guesser]  # a new guesser, with state of its own, over the pair
+    needs: frozenset[str] = frozenset()
+    # "draft": drafts token by token at the curve's cost per token of its name; auto weighs every such entry
+    # the pair can run. "": auto does not use it as a drafter (it copies for itself, or it is auto).
+    kind: str = ""
+
+
+def _auto(pair: Pair) -> Guesser:
+    if "rewind" not in pair.capabilities:  # every guess would cost the whole conversation again
+        return NoGuesser()
+    drafters = {name: entry.build(pair) for name, entry in REGISTRY.items()
+                if entry.kind == "draft" and entry.needs <= pair.capabilities}
+    # The pair's live curve, which the service keeps current from real steps.
+    return AutoGuesser(pair.curve(), drafters, piece=pair.target.piece,  # type: ignore[arg-type]
+                       history=pair.history, tree_branches=pair.target.tree_branches)
+
+
+# Every guesser by name, in the order the app cycles through them. A new guesser is its class and one
+# line here: the command line, the settings, Ctrl+G, the server and the loader all read this.
+REGISTRY: dict[str, Entry] = {
+    "auto": Entry("picks lookup, the draft or nothing at each step, by this machine's costs", _auto),
+    "none": Entry("plain decoding", lambda pair: NoGuesser()),
+    "lookup": Entry("copies from earlier text (prompt lookup)", lambda pair: LookupGuesser(), frozenset({"rewind"})),
+    "draft": Entry("the draft model guesses", lambda pair: DraftGuesser(pair.draft), frozenset({"rewind", "draft"}),
+                   "draft"),
+    "mtp": Entry("the target's own MTP layers guess", lambda pair: MtpGuesser(pair.mtp), frozenset({"rewind", "mtp"}),
+                 "draft"),
+    "history": Entry("copies what your past conversations said next", lambda pair: HistoryGuesser(pair.history),
+                     frozenset({"rewind", "history"})),
+}
+GUESSERS = tuple(REGISTRY)
+
+
+def available(capabilities: Collection[str]) -> list[str]:
+    """The guessers that can run on what a pair (or a server) has, in the registry's order."""
+    return [name for name, entry in REGISTRY.items() if entry.needs <= set(capabilities)]
+
+
+def unavailable(name: str, capabilities: Collection[str], warnings: Sequence[str] = ()) -> str | None:
+    """Why the guesser `name` cannot run here (one line, with what to do), or None if it can. `warnings`
+    say why something it needs was left out, when it was."""
+    entry = REGISTRY.get(name)
+    if entry is None:
+        return f"unknown guesser {name!r}; choose one of {', '.join(GUESSERS)}"
+    lacking = sorted(entry.needs - set(capabilities))
+    if not lacking:
+        return None
+    if warnings:
+        return f"the {name} guesser cannot run: {'; '.join(warnings)} (choose another guesser)"
+    return f"the {name} guesser needs " + "; and ".join(NEEDS[need] for need in lacking)
+
+
+def build(name: str, pair: Pair) -> Guesser:
+    """A new guesser of this name over the pair, or a one-line error saying why it cannot run."""
+    why = unavailable(name, pair.capabilities, pair.warnings)
+    if why is not None:
+        raise SpecchatError(why)
+    return REGISTRY[name].build(pair)

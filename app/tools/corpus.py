@@ -1,0 +1,231 @@
+"""Recorded answers, and auto replayed on them: how much of the oracle's gain a controller takes on text
+it was not tuned on, on any cost curve, without timing noise.
+
+`record` has the target answer each prompt of a corpus plainly (greedy, and sampled) and keeps, per answer
+position, what the draft model would have guessed there and how sure each model was. Every guess's fate
+can then be read off the text: a copy or a greedy draft is kept while it equals the answer, and at T > 0 a
+copied token is kept exactly when it equals the token sampled there (the exact rule keeps a point-mass
+guess x with probability p(x), and the residual never gives x: "kept" and "sampled x" are one event). So
+`replay` runs the real AutoGuesser over a recorded answer, step by step, costed on a curve.
+
+Each prompt falls in one of two folds by a hash of its text: priors are fitted on "fit" and every figure
+that judges them is quoted on "held-out".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from specchat.errors import SpecchatError
+from specchat.spec.guessers import AutoGuesser, BaseGuesser, Proposal, lookup
+from specchat.spec.policy import CostCurve
+from specchat.spec.sampling import SamplingConfig
+
+FOLDS = ("fit", "held-out")
+
+
+def fold(prompt: str) -> str:
+    """The prompt's fold, fixed by its text: the same on every machine and in every run."""
+    return FOLDS[hashlib.sha256(prompt.encode("utf-8")).digest()[0] % 2]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One recorded answer: the prompt's tokens, the target's answer, and per answer position the draft's
+    greedy guess and its probability (empty where no draft was recorded)."""
+
+    task: str
+    fold: str
+    temperature: float
+    prompt: tuple[int, ...]
+    answer: tuple[int, ...]
+    draft_guess: tuple[int, ...] = ()
+    draft_p: tuple[float, ...] = ()
+
+    @property
+    def seq(self) -> list[int]:
+        return [*self.prompt, *self.answer]
+
+    def to_json(self) -> str:
+        return json.dumps({"task": self.task, "fold": self.fold, "temperature": self.temperature,
+                           "prompt": self.prompt, "answer": self.answer, "draft_guess": self.draft_guess,
+                           "draft_p": [round(p, 4) for p in self.draft_p]})
+
+
+def load_answers(path: Path) -> list[Answer]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise SpecchatError(f"cannot read recorded answers {path}: {e.strerror} (record them with bench/corpus record)")
+    answers = []
+    for n, line in enumerate(lines, 1):
+        try:
+            d = json.loads(line)
+            answers.append(Answer(d["task"], d["fold"], float(d["temperature"]), tuple(d["prompt"]),
+                                  tuple(d["answer"]), tuple(d.get("draft_guess", ())), tuple(d.get("draft_p", ()))))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise SpecchatError(f"{path}:{n}: not a recorded answer ({e}); record again with bench/corpus record")
+    return answers
+
+
+def draft_guesses(model, prompt: Sequence[int], answer: Sequence[int]) -> tuple[list[int], list[float]]:  # type: ignore[no-untyped-def]
+    """The model's greedy guess at every answer position given the true text before it, and its probability."""
+    session = model.session
+    session.prefill(list(prompt))
+    logits = np.asarray(session.decode([prompt[-1], *answer[:-1]], "all"), dtype=np.float64)
+    session.rewind(len(prompt) - 1)
+    top = logits.max(-1, keepdims=True)
+    p = 1.0 / np.exp(logits - top).sum(-1)
+    return logits.argmax(-1).tolist(), p.tolist()
+
+
+# --- replay ----------------------------------------------------------------------------------------
+
+
+class RecordedDraft(BaseGuesser):
+    """The draft model as it guessed on a recorded greedy answer: at answer position i its guess given the
+    true text, which is what it sees while its earlier guesses hold (after a miss, the step ends anyway)."""
+
+    name = "draft"
+    default_draft_length = 4
+
+    def __init__(self, answer: Answer) -> None:
+        self.start, self.guess, self.p = len(answer.prompt), answer.draft_guess, answer.draft_p
+        self.keep_going: Callable[[list[float]], bool] | None = None
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        at = len(context) - self.start
+        tokens: list[int] = []
+        for j in range(min(k, len(self.guess) - at)):
+            tokens.append(self.guess[at + j])
+            if self.keep_going is not None and not self.keep_going(list(self.p[at:at + j + 1])):
+                break
+        return Proposal(tokens, None, "draft")
+
+
+def accepted(guesses: Sequence[int], seq: Sequence[int], i: int) -> int:
+    """How many of the guesses for seq[i:] the target keeps, read off the recorded text."""
+    r = 0
+    while r < len(guesses) and i + r < len(seq) and guesses[r] == seq[i + r]:
+        r += 1
+    return r
+
+
+def auto_for(answer: Answer, curve: CostCurve, piece: Callable[[int], bytes] | None = None,
+             draft: bool = True) -> AutoGuesser:
+    """Auto as a fresh conversation builds it, with the recorded draft where there is one (greedy only: a
+    sampled draft's fate depends on both distributions, which are not recorded)."""
+    drafters = {"draft": RecordedDraft(answer)} if draft and answer.draft_guess and answer.temperature == 0 else {}
+    return AutoGuesser(curve, drafters, piece=piece)
+
+
+def replay(answer: Answer, curve: CostCurve, guesser: AutoGuesser) -> tuple[float, int]:
+    """Seconds the answer takes under the guesser's choices, every step costed by the curve, and steps.
+    The guesser learns as it would live; under a seed, so its account is by the curve too."""
+    seq, start = answer.seq, len(answer.prompt)
+    sampling = SamplingConfig(answer.temperature, seed=0)
+    rng = np.random.default_rng(0)
+    guesser.prepare(seq[:start])
+    i, seconds, steps = start, 0.0, 0
+    while i < len(seq):
+        guess = guesser.propose(seq[:i], min(guesser.default_draft_length, len(seq) - i - 1), sampling, rng)
+        r = accepted(guess.tokens, seq, i)
+        drafting = len(guess.tokens) * curve.token_s(guess.guesser) if guess.guesser in ("draft", "mtp") else 0.0
+        step = curve.spent_s(len(guess.tokens), r, drafting)
+        guesser.observe(len(guess.tokens), r, drafting, step - drafting)
+        seconds += step
+        i += r + 1
+        steps += 1
+    return seconds, steps
+
+
+def oracle(answer: Answer, curve: CostCurve, draft: bool = True) -> float:
+    """Seconds for a controller that knows, at every step, how many guesses of prompt lookup and of the
+    draft model the target will keep, and sends whichever costs least per token (nothing if none pays).
+    No controller can see the future: this bounds what any could take."""
+    seq, start = answer.seq, len(answer.prompt)
+    use_draft = draft and bool(answer.draft_guess) and answer.temperature == 0
+    i, seconds = start, 0.0
+    plain = float(curve.verify(1))
+    while i < len(seq):
+        best_per_token, best = plain, (plain, 0)
+        r = accepted(lookup(seq[:i], 64), seq, i)
+        for j in range(1, r + 1):
+            cost = float(curve.verify(j + 1))
+            if cost / (j + 1) < best_per_token:
+                best_per_token, best = cost / (j + 1), (cost, j)
+        if use_draft:
+            at = i - start
+            r = accepted(answer.draft_guess[at:at + 16], seq, i)
+            for j in range(1, r + 1):
+                cost = j * curve.draft_s + float(curve.verify(j + 1))
+                if cost / (j + 1) < best_per_token:
+                    best_per_token, best = cost / (j + 1), (cost, j)
+        seconds += best[0]
+        i += best[1] + 1
+    return seconds
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Plain, auto and the oracle on some answers: seconds summed, and each answer's auto speedup."""
+
+    plain_s: float
+    auto_s: float
+    oracle_s: float
+    worst: float  # the slowest answer's auto speedup
+    answers: int
+
+    @property
+    def auto(self) -> float:
+        return self.plain_s / self.auto_s
+
+    @property
+    def bound(self) -> float:
+        return self.plain_s / self.oracle_s
+
+    @property
+    def share(self) -> float | None:
+        """Auto's share of the oracle's gain over plain decoding (None where the oracle gains nothing)."""
+        gain = self.bound - 1
+        return (self.auto - 1) / gain if gain > 1e-9 else None
+
+
+def judge(answers: Iterable[Answer], curve: CostCurve,
+          make: Callable[[Answer, CostCurve], AutoGuesser] = auto_for) -> Judged:
+    """Each answer replayed as a fresh conversation under `make`'s controller, against plain and the oracle."""
+    plain_s = auto_s = oracle_s = 0.0
+    worst, n = float("inf"), 0
+    for a in answers:
+        plain = float(curve.verify(1)) * len(a.answer)
+        auto, _ = replay(a, curve, make(a, curve))
+        plain_s, auto_s, oracle_s = plain_s + plain, auto_s + auto, oracle_s + oracle(a, curve)
+        worst, n = min(worst, plain / auto), n + 1
+    return Judged(plain_s, auto_s, oracle_s, worst if n else 1.0, n)
+
+
+# --- cost curves users have --------------------------------------------------------------------------
+
+
+def load_curves(path: Path) -> dict[str, tuple[CostCurve, str]]:
+    """Named cost curves with their sources: {name: {"verify_ratio": [...], "draft_ratio": r, "source": s}},
+    each as a curve whose one position costs 1 (only ratios decide)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise SpecchatError(f"cannot read cost curves {path}: {e}")
+    return {name: (CostCurve(list(map(float, c["verify_ratio"])), float(c["draft_ratio"])), str(c["source"]))
+            for name, c in data.items()}
+
+
+def by(answers: Sequence[Answer], task: str | None = None, fold_: str | None = None,
+       temperature: float | None = None) -> list[Answer]:
+    return [a for a in answers if (task is None or a.task == task) and (fold_ is None or a.fold == fold_)
+            and (temperature is None or a.temperature == temperature)]
