@@ -277,6 +277,7 @@ def _chat(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from specchat.llama.template import Message
     from specchat.service.chat import ChatService, Notice
+    from specchat.service.conversation import against_plain
     from specchat.service.loader import load_pair
     from specchat.spec.engine import Done, Step
 
@@ -303,8 +304,8 @@ def _generate(args: argparse.Namespace) -> int:
             if event.text and not event.text.endswith("\n"):
                 sys.stdout.write("\n")
             s = event.stats
-            speedup = "" if event.speedup is None else f", {event.speedup:.2f}x plain" + (
-                f" (uncertain: the machine was busy, steps {event.slowdown:.1f}x slower than usual)" if event.busy else "")
+            speedup = against_plain(event)
+            speedup = f", {speedup}" if speedup else ""
             print(f"[{guesser}] {s.n_tokens} tokens in {s.decode_s:.2f}s: {s.tokens_per_s:.1f} tok/s "
                   f"({s.wall_tokens_per_s:.1f} as shown), "
                   f"{s.tokens_per_step:.2f} tokens/step, acceptance {s.acceptance:.2f} "

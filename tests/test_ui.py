@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from fakes import FakeBackend
 
 from specchat.service.choices import ModelChoice
+from specchat.service.conversation import against_plain
 from specchat.store.conversations import Store
 from specchat.ui.app import SpecchatApp
 from specchat.ui.rewrite import RewriteScreen
@@ -248,3 +250,20 @@ async def test_a_bug_in_a_generation_is_one_line_and_the_app_goes_on(tmp_path):
         backend.__class__ = FakeBackend  # the bug is fixed: the app answers again
         await send(pilot, app, "Again")
         await until(pilot, lambda: answered(app), "the next answer")
+
+
+async def test_the_panel_and_the_answers_line_show_the_speedup_and_the_baseline_it_used(tmp_path):
+    # The inconsistency: "baseline 11.1 tok/s (as measured)" beside a speedup divided by another
+    # baseline. Once the answer ends, the panel, the line under the answer and the CLI's line (the same
+    # against_plain) say one figure, and the panel's baseline is the one it was divided by.
+    backend = FakeBackend(plain_s=0.02)
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "Say hello")
+        await until(pilot, lambda: answered(app), "the answer to be saved")
+        done = backend.last_done
+        assert done.speedup == pytest.approx(7 / 0.12 * 0.02)  # 7 tokens in 3 steps of 0.04 s; a plain step 0.02 s
+        panel = app.query_one(StatsPanel)
+        assert f"speedup     {done.speedup:.2f}x" in str(panel.query_one("#numbers").render())
+        assert str(panel.query_one("#baseline").render()) == "baseline 50.0 tok/s: plain steps at this answer's moments"
+        assert against_plain(done) == "1.17x plain" and "· 1.17x plain ·" in list(app.query(MessageView))[-1].summary

@@ -30,11 +30,19 @@ def summary_line(done: Done, guesser: str) -> str:
     to be uncertain when the machine was busy while it was written)."""
     stats, reason = done.stats, done.reason
     ending = f"  [{ENDINGS[reason]}]" if reason in ENDINGS else ""
-    speedup = done.speedup
-    against = "" if speedup is None else f" · {speedup:.2f}x plain" + (
-        f" (uncertain: the machine was busy, steps {done.slowdown:.1f}x slower than usual)" if done.busy else "")
+    against = against_plain(done)
+    against = f" · {against}" if against else ""
     return (f"{stats.n_tokens} tokens · {stats.decode_s:.1f}s · {stats.tokens_per_s:.1f} tok/s · "
             f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%}{against} · {guesser}{ending}")
+
+
+def against_plain(done: Done) -> str:
+    """The answer's speedup as every front end words it ("" where it is not known), said to be uncertain
+    when the machine was busy while it was written."""
+    if done.speedup is None:
+        return ""
+    return f"{done.speedup:.2f}x plain" + (
+        f" (uncertain: the machine was busy, steps {done.slowdown:.1f}x slower than usual)" if done.busy else "")
 
 
 def attach(text: str, files: Sequence[tuple[Path, str]]) -> str:
