@@ -235,5 +235,6 @@ def test_the_walk_from_pair_to_the_engine_enters_each_module_once(smol_path, cap
     assert twice == [], "a module entered twice on one call stack:\n" + "\n".join(" -> ".join(s) for s in twice)
     walk = {"specchat.cli", "specchat.service.choices", "specchat.service.loader", "specchat.models.catalog",
             "specchat.models.fetch", "specchat.llama.model", "specchat.llama.vocab", "specchat.service.chat",
-            "specchat.llama.template", "specchat.spec.guessers", "specchat.spec.engine"}
+            "specchat.llama.template", "specchat.spec.guessers.registry", "specchat.spec.guessers.auto",
+            "specchat.spec.engine"}
     assert walk <= seen, f"the trace missed {sorted(walk - seen)}"

@@ -149,12 +149,25 @@ class Acceptance:
         self.judged += weight * (self._prior[1] - self.judged)
 
 
-# A copied guess lands more often the longer the match behind it. Hit rates of the longest
-# earlier match on the bench answers (`specchat measure`, "lookup hit rate by match length"):
-# about 0.25 at 1 token, 0.6 at 2, 0.75 at 3, 0.85-0.95 beyond. They are the priors below.
-MATCH_BUCKETS = (1, 2, 3, 5, 8, 12, 20)  # upper ends; longer matches share one more bucket
-MATCH_PRIOR = (0.25, 0.6, 0.75, 0.85, 0.85, 0.85, 0.85, 0.85)
-PRIOR_WEIGHT = 4.0
+# A copied guess lands more often the longer the match behind it: MATCH_BUCKETS are the upper ends of
+# the match lengths that share an estimate; longer matches share one more bucket.
+MATCH_BUCKETS = (1, 2, 3, 5, 8, 12, 20)
+
+
+@dataclass(frozen=True)
+class Priors:
+    """What auto believes before a conversation's own steps teach it. The defaults are fitted on the fit
+    fold of bench/corpus.jsonl (`bench/corpus fit`), for greedy and for sampled answers apart: sampled
+    copies hold less often."""
+
+    match: tuple[float, ...] = (0.25, 0.6, 0.75, 0.85, 0.85, 0.85, 0.85, 0.85)  # per bucket, a copy from afar
+    near: float = 0.6  # at least this for a copy that goes on where the last one left off, or after an edit
+    weight: float = 4.0  # how many guesses' evidence a prior is worth
+    drafter: float = 0.5  # a drafting model's per-token acceptance
+    decay: float = 0.98  # how fast old evidence fades (the text changes)
+
+
+PRIORS = {True: Priors(), False: Priors()}  # by greedy
 
 
 def match_bucket(m: int) -> int:
@@ -171,8 +184,8 @@ class MatchAcceptance:
     `floor` raises the priors for matches that are likelier than their length says (copying on
     where the last guess left off)."""
 
-    def __init__(self, floor: float = 0.0) -> None:
-        self.buckets = [Acceptance(PRIOR_WEIGHT * max(a, floor), PRIOR_WEIGHT) for a in MATCH_PRIOR]
+    def __init__(self, floor: float = 0.0, priors: Priors = Priors()) -> None:
+        self.buckets = [Acceptance(priors.weight * max(a, floor), priors.weight, priors.decay) for a in priors.match]
 
     def _bucket(self, m: int) -> Acceptance:
         return self.buckets[match_bucket(m)]
@@ -195,8 +208,10 @@ class MatchAcceptance:
 # The loss budget: what auto may lose, at worst, against plain decoding. An answer's account starts with
 # LOSS_BUDGET of START_STEPS plain steps and earns LOSS_BUDGET of every token's plain cost on top of what
 # its guesses gained; a guess whose every token could be rejected is sent only if that worst case fits.
+# 48 steps: room for one wrong single guess on a 2-core CPU (0.57 of a step) at an answer's start, while
+# even a 40-token answer whose every guess failed ends within 5% of plain decoding.
 LOSS_BUDGET = 0.02
-START_STEPS = 32
+START_STEPS = 48
 
 
 @dataclass

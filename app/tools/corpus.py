@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -24,7 +26,7 @@ import numpy as np
 
 from specchat.errors import SpecchatError
 from specchat.spec.guessers import AutoGuesser, BaseGuesser, Proposal, lookup
-from specchat.spec.policy import CostCurve
+from specchat.spec.policy import PRIORS, CostCurve, Priors
 from specchat.spec.sampling import SamplingConfig
 
 FOLDS = ("fit", "held-out")
@@ -118,12 +120,12 @@ def accepted(guesses: Sequence[int], seq: Sequence[int], i: int) -> int:
     return r
 
 
-def auto_for(answer: Answer, curve: CostCurve, piece: Callable[[int], bytes] | None = None,
-             draft: bool = True) -> AutoGuesser:
+def auto_for(answer: Answer, curve: CostCurve, priors: Priors | None = None) -> AutoGuesser:
     """Auto as a fresh conversation builds it, with the recorded draft where there is one (greedy only: a
-    sampled draft's fate depends on both distributions, which are not recorded)."""
-    drafters = {"draft": RecordedDraft(answer)} if draft and answer.draft_guess and answer.temperature == 0 else {}
-    return AutoGuesser(curve, drafters, piece=piece)
+    sampled draft's fate depends on both distributions, which are not recorded), on these priors (None:
+    the defaults)."""
+    drafters = {"draft": RecordedDraft(answer)} if answer.draft_guess and answer.temperature == 0 else {}
+    return AutoGuesser(curve, drafters, priors=PRIORS if priors is None else {True: priors, False: priors})
 
 
 def replay(answer: Answer, curve: CostCurve, guesser: AutoGuesser) -> tuple[float, int]:
@@ -198,17 +200,69 @@ class Judged:
         return (self.auto - 1) / gain if gain > 1e-9 else None
 
 
-def judge(answers: Iterable[Answer], curve: CostCurve,
-          make: Callable[[Answer, CostCurve], AutoGuesser] = auto_for) -> Judged:
-    """Each answer replayed as a fresh conversation under `make`'s controller, against plain and the oracle."""
+def judge(answers: Iterable[Answer], curve: CostCurve, priors: Priors | None = None, bound: bool = True) -> Judged:
+    """Each answer replayed as a fresh conversation under auto on these priors, against plain decoding and
+    (where `bound`) the oracle."""
     plain_s = auto_s = oracle_s = 0.0
     worst, n = float("inf"), 0
     for a in answers:
         plain = float(curve.verify(1)) * len(a.answer)
-        auto, _ = replay(a, curve, make(a, curve))
-        plain_s, auto_s, oracle_s = plain_s + plain, auto_s + auto, oracle_s + oracle(a, curve)
+        auto, _ = replay(a, curve, auto_for(a, curve, priors))
+        plain_s, auto_s, oracle_s = plain_s + plain, auto_s + auto, oracle_s + (oracle(a, curve) if bound else 0.0)
         worst, n = min(worst, plain / auto), n + 1
     return Judged(plain_s, auto_s, oracle_s, worst if n else 1.0, n)
+
+
+# The values each prior may take while fitting, and which match-length buckets move together (a short
+# match, 2 to 3 tokens, and longer): a coarse grid over few values finds what the fold prefers and keeps
+# the fit from learning what is only noise in it.
+GRID = {"short": (0.1, 0.25, 0.4, 0.55, 0.7, 0.85), "mid": (0.4, 0.55, 0.7, 0.8, 0.9, 0.95),
+        "long": (0.7, 0.8, 0.85, 0.9, 0.95, 0.98), "near": (0.3, 0.45, 0.6, 0.75, 0.9),
+        "weight": (1.0, 2.0, 4.0, 8.0, 16.0), "drafter": (0.3, 0.5, 0.65, 0.8, 0.9), "decay": (0.9, 0.95, 0.98, 0.995)}
+BUCKETS = {"short": (0,), "mid": (1, 2), "long": (3, 4, 5, 6, 7)}
+
+
+def with_value(p: Priors, name: str, value: float) -> Priors:
+    """The priors with one of GRID's values set (a bucket group sets every bucket in it)."""
+    if name in BUCKETS:
+        return replace(p, match=tuple(value if i in BUCKETS[name] else a for i, a in enumerate(p.match)))
+    return replace(p, **{name: value})
+
+
+_fitting: tuple[list[Answer], list[CostCurve]] = ([], [])
+
+
+def _cost(p: Priors) -> float:
+    """Auto's time on the answers being fitted, as a share of plain decoding's, summed over the curves."""
+    answers, curves = _fitting
+    return sum(j.auto_s / j.plain_s for j in (judge(answers, c, p, bound=False) for c in curves))
+
+
+def _start_fitting(answers: list[Answer], curves: list[CostCurve]) -> None:
+    global _fitting
+    _fitting = answers, curves
+
+
+def fit_priors(answers: Sequence[Answer], curves: Sequence[CostCurve], start: Priors, fields: Sequence[str],
+               rounds: int = 2, say: Callable[[str], None] = lambda line: None) -> Priors:
+    """Coordinate descent over GRID: the priors under which auto decodes `answers` fastest, the time on each
+    curve taken as a share of plain decoding's there (so that no curve's seconds outweigh another's). The
+    grid's values for one field are tried in parallel, one process a core."""
+    with ProcessPoolExecutor(os.cpu_count(), initializer=_start_fitting, initargs=(list(answers), list(curves))) as pool:
+        best = start
+        best_cost = next(pool.map(_cost, [start]))
+        say(f"start {best_cost / len(curves):.4f} of plain")
+        for _ in range(rounds):
+            changed = False
+            for name in fields:
+                trials = [with_value(best, name, v) for v in GRID[name]]
+                for trial, c in zip(trials, pool.map(_cost, trials)):
+                    if c < best_cost - 1e-6:
+                        best, best_cost, changed = trial, c, True
+                say(f"{name}: {best_cost / len(curves):.4f} of plain")
+            if not changed:
+                break
+    return best
 
 
 # --- cost curves users have --------------------------------------------------------------------------

@@ -8,7 +8,17 @@ import numpy as np
 
 from specchat.spec.guessers.base import BaseGuesser, Proposal
 from specchat.spec.guessers.copying import matches
-from specchat.spec.policy import Acceptance, CostCurve, LossAccount, MatchAcceptance, best_k, best_length, keep_drafting
+from specchat.spec.policy import (
+    PRIORS,
+    Acceptance,
+    CostCurve,
+    LossAccount,
+    MatchAcceptance,
+    Priors,
+    best_k,
+    best_length,
+    keep_drafting,
+)
 from specchat.spec.sampling import SamplingConfig
 from specchat.spec.verify import Tree
 
@@ -44,21 +54,21 @@ class AutoGuesser(BaseGuesser):
 
     def __init__(self, curve: CostCurve, drafters: Mapping[str, Drafter] | None = None, *, max_match: int = 32,
                  window: int = 8, piece: Callable[[int], bytes] | None = None, history: HistoryIndex | None = None,
-                 tree_branches: int = 1) -> None:
-        self.curve, self.max_match, self.window = curve, max_match, window
+                 tree_branches: int = 1, priors: Mapping[bool, Priors] = PRIORS) -> None:
+        self.curve, self.max_match, self.window, self.priors = curve, max_match, window, priors
         # Continuations verified together as a tree, at most this many (1: never; the cache decides).
         self.tree_branches = tree_branches
         self.history = history  # the user's past conversations, another place to copy from
         # The models that draft token by token, by name ("draft", "mtp"): each with its own acceptance, and
         # its cost per token from the curve.
         self.drafters: dict[str, Drafter] = dict(drafters or {})
-        self.drafter_acceptance = {name: Acceptance() for name in self.drafters}
         self.piece = piece  # a token's text, to see how much of the copied text the target replaced
         # "far": the longest earlier match anywhere. "near": one that continues where the last
         # guess left off, in the passage being copied (even a 1-token match there usually holds).
         # "substitute": after the target replaced some copied text, copying on after that text.
-        self.lookup_acceptance = {"far": MatchAcceptance(), "near": MatchAcceptance(floor=0.6),
-                                  "substitute": MatchAcceptance(floor=0.6)}
+        # Greedy and sampled answers keep estimates apart (sampled copies hold less often); `propose` picks.
+        self._estimates: dict[bool, tuple[dict[str, MatchAcceptance], dict[str, Acceptance]]] = {}
+        self.lookup_acceptance, self.drafter_acceptance = self._estimates_for(True)
         self._cursor: int | None = None  # where in the context the answer was last copying from
         self._replaced: int | None = None  # the copied token that the target just replaced, if any
         # The last step's source and, for lookup, where it copied from, its kind and match length.
@@ -75,6 +85,15 @@ class AutoGuesser(BaseGuesser):
         for name, drafter in self.drafters.items():
             drafter.keep_going = lambda confidences, name=name: keep_drafting(
                 confidences, self.curve, self.curve.token_s(name))
+
+    def _estimates_for(self, greedy: bool) -> tuple[dict[str, MatchAcceptance], dict[str, Acceptance]]:
+        if greedy not in self._estimates:
+            p = self.priors[greedy]
+            self._estimates[greedy] = (
+                {"far": MatchAcceptance(priors=p), "near": MatchAcceptance(p.near, p),
+                 "substitute": MatchAcceptance(p.near, p)},
+                {name: Acceptance(p.weight * p.drafter, p.weight, p.decay) for name in self.drafters})
+        return self._estimates[greedy]
 
     def prepare(self, context: Sequence[int]) -> None:
         self._cursor = self._replaced = None  # a new generation: nothing is being copied yet
@@ -125,6 +144,7 @@ class AutoGuesser(BaseGuesser):
                 rng: np.random.Generator) -> Proposal:
         self._settle_tree(context)
         self._last, self._sampling, self._timed = ("none", 0, "far", 0), sampling, sampling.seed is None
+        self.lookup_acceptance, self.drafter_acceptance = self._estimates_for(sampling.greedy)
         best = 1.0 / float(self.curve.verify(1))  # a plain step
         allow = self.account.allowance(float(self.curve.verify(1)))  # what this step may lose at worst
         choice = Proposal.empty()
