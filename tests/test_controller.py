@@ -110,7 +110,7 @@ def test_auto_uses_lookup_when_copying_and_plain_when_nothing_matches():
 def test_auto_learns_to_stop_guessing_what_is_always_rejected():
     auto = AutoGuesser(CostCurve(list(CPU.verify_s), CPU.draft_s))
     greedy, rng = SamplingConfig(), np.random.default_rng(0)
-    ctx = [1, 2, 3, 9, 9, 1, 2, 3]
+    ctx = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3, 4, 5]  # a 5-token match: its prior says a copy should hold
     tried = 0
     for _ in range(40):
         proposal = auto.propose(ctx, 8, greedy, rng)

@@ -24,7 +24,7 @@ def test_a_prompt_falls_in_the_same_fold_everywhere():
 
 def test_the_oracle_takes_the_draft_only_where_its_tokens_are_cheap_enough():
     rng = np.random.default_rng(0)
-    answer = rng.integers(100, 900, 60).tolist()
+    answer = rng.permutation(np.arange(100, 900))[:60].tolist()  # no token twice: nothing to copy
     guesses = [t if i % 10 else 0 for i, t in enumerate(answer)]  # the draft misses every tenth token
     a = Answer("open", "fit", 0.0, (1, 2, 3), tuple(answer), tuple(guesses), (0.9,) * 60)
     plain = len(answer)
