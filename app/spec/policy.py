@@ -156,9 +156,10 @@ MATCH_BUCKETS = (1, 2, 3, 5, 8, 12, 20)
 
 @dataclass(frozen=True)
 class Priors:
-    """What auto believes before a conversation's own steps teach it. The defaults are fitted on the fit
-    fold of bench/corpus.jsonl (`bench/corpus fit`), for greedy and for sampled answers apart: sampled
-    copies hold less often."""
+    """What auto believes before a conversation's own steps teach it. The class's own values are the
+    hand-set ones of before (the hit rates of the longest earlier match on bench/prompts.jsonl's answers);
+    PRIORS, which auto uses, are fitted on the fit fold of bench/corpus.jsonl, for greedy and for sampled
+    answers apart: sampled copies hold less often."""
 
     match: tuple[float, ...] = (0.25, 0.6, 0.75, 0.85, 0.85, 0.85, 0.85, 0.85)  # per bucket, a copy from afar
     near: float = 0.6  # at least this for a copy that goes on where the last one left off, or after an edit
