@@ -244,12 +244,8 @@ class AutoGuesser(BaseGuesser):
         # account and learns acceptance here. The account prices the verification by the curve (a plain
         # step's own time varies more than any guess gains) and a drafter's work by its real time.
         source = self._last[0]
-        if drafted:
-            drafting = draft_s if self._timed else drafted * self.curve.token_s(source)
-            spent = self.curve.spent_s(drafted, accepted, drafting if source in self.drafters else 0.0)
-            self.account.settle(accepted + 1, spent, float(self.curve.verify(1)))
-        else:
-            self.account.settle(1, float(self.curve.verify(1)), float(self.curve.verify(1)))
+        drafting = (draft_s if self._timed else drafted * self.curve.token_s(source)) if source in self.drafters else 0.0
+        self.account.settle(accepted + 1, self.curve.spent_s(drafted, accepted, drafting), float(self.curve.verify(1)))
         self._learn(drafted, accepted)
 
     def _learn(self, drafted: int, accepted: int) -> None:
