@@ -28,6 +28,7 @@ from specchat.errors import SpecchatError
 from specchat.spec.guessers import AutoGuesser, BaseGuesser, Proposal
 from specchat.spec.policy import PRIORS, CostCurve, Priors
 from specchat.spec.sampling import SamplingConfig
+from specchat.tools.replay import accepted
 
 FOLDS = ("fit", "held-out")
 
@@ -110,14 +111,6 @@ class RecordedDraft(BaseGuesser):
             if self.keep_going is not None and not self.keep_going(list(self.p[at:at + j + 1])):
                 break
         return Proposal(tokens, None, "draft")
-
-
-def accepted(guesses: Sequence[int], seq: Sequence[int], i: int) -> int:
-    """How many of the guesses for seq[i:] the target keeps, read off the recorded text."""
-    r = 0
-    while r < len(guesses) and i + r < len(seq) and guesses[r] == seq[i + r]:
-        r += 1
-    return r
 
 
 def auto_for(answer: Answer, curve: CostCurve, priors: Priors | None = None) -> AutoGuesser:

@@ -34,7 +34,7 @@ def replay_greedy(match: Sequence[bool], k: int) -> tuple[int, int]:
     return n, steps
 
 
-def _accepted(guesses: Sequence[int], seq: Sequence[int], i: int) -> int:
+def accepted(guesses: Sequence[int], seq: Sequence[int], i: int) -> int:
     """How many of the guesses for seq[i:] greedy verification accepts: the answer is fixed, so
     their fate can be read off the text."""
     r = 0
@@ -47,7 +47,7 @@ def replay_lookup(seq: Sequence[int], start: int, max_ngram: int = 3, num: int =
     """(tokens, steps) of prompt lookup as deployed, replayed over seq[start:]."""
     i, steps = start, 0
     while i < len(seq):
-        i += _accepted(lookup(seq[:i], num, max_ngram), seq, i) + 1
+        i += accepted(lookup(seq[:i], num, max_ngram), seq, i) + 1
         steps += 1
     return len(seq) - start, steps
 
@@ -59,7 +59,7 @@ def oracle_lookup_seconds(seq: Sequence[int], start: int, curve: CostCurve, max_
     plain steps, and a bound that copied anyway fell below plain decoding)."""
     i, seconds = start, 0.0
     while i < len(seq):
-        r = _accepted(lookup(seq[:i], 64, max_ngram), seq, i)
+        r = accepted(lookup(seq[:i], 64, max_ngram), seq, i)
         sizes = np.arange(1, r + 2)
         steps = curve.verify(sizes)
         j = int(np.argmin(steps / sizes))  # guesses kept: j + 1 tokens this step
@@ -77,7 +77,7 @@ def modelled_seconds(seq: Sequence[int], start: int, guesser: Guesser, curve: Co
     i, seconds = start, 0.0
     while i < len(seq):
         guess = guesser.propose(seq[:i], min(guesser.default_draft_length, len(seq) - i - 1), greedy, rng)
-        r = _accepted(guess.tokens, seq, i)
+        r = accepted(guess.tokens, seq, i)
         step = float(curve.verify(len(guess.tokens) + 1))
         guesser.observe(len(guess.tokens), r, 0.0, step)
         seconds += step
