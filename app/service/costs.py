@@ -105,11 +105,10 @@ class PairCosts:
         low quantile of the same steps (right for a cost to plan with) made it look slower than itself."""
         if not steps:
             return done
-        equivalents = [(s.verify_s - s.rollback_s) * float(before.verify(1) / before.verify(s.drafted + 1))
-                       for s in steps]
+        # Each step against what the curve says it should cost: scaled to one position, its plain equivalent.
         ratios = [(s.verify_s - s.rollback_s) / float(before.verify(s.drafted + 1)) for s in steps]
         slowdown = float(sorted(ratios)[len(ratios) // 2])
-        return replace(done, plain_s=float(np.mean(equivalents)), slowdown=slowdown)
+        return replace(done, plain_s=float(np.mean(ratios)) * float(before.verify(1)), slowdown=slowdown)
 
     # --- keeping it ----------------------------------------------------------------------------
 
