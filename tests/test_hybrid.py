@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
+import cycle
 import tiny_gguf
 from greedy import compare
 from scipy.stats import chisquare
@@ -182,23 +183,36 @@ def greedy_as_plain(target: Model, path: Path, prompt: list[int], guesser: Calla
 # --- sampling at T=1 is exactly the target's ------------------------------------------------------------
 
 
-def exact_first_two(target: Model, prompt: list[int]) -> np.ndarray:
-    """The target's joint distribution of the first two tokens at T=1, by enumeration: (V, V + 1), the
-    last column for an answer that ended with its first token."""
-    session = target.session
-    session.clear()
-    session.decode(prompt[:-1], "none")
-    session.checkpoint(lasting=True)
-    first = logits_to_probs(np.array(session.decode(prompt[-1:], "last")[0]), SamplingConfig(1.0))
-    joint = np.zeros((target.n_vocab, target.n_vocab + 1))
-    for t in range(target.n_vocab):
-        if target.is_eog(t):
-            joint[t, -1] = first[t]
-            continue
-        session.rewind(len(prompt))
-        joint[t, :-1] = first[t] * logits_to_probs(np.array(session.decode([t], "last")[0]), SamplingConfig(1.0))
-    session.clear()
-    return joint
+def exact_joint(path: Path, prompt: list[int], depth: int) -> dict[tuple[int, ...], float]:
+    """The target's probability of every answer of `depth` tokens at T=1 (shorter where one ends), each
+    conditional from a fresh model's decode of prompt and prefix: no checkpoint, no rewind, none of the
+    machinery the sampled answers go through."""
+    fresh = model(path, n_ctx=256)
+    try:
+        def probs(prefix: tuple[int, ...]) -> np.ndarray:
+            fresh.session.clear()
+            return logits_to_probs(np.array(fresh.session.decode(prompt + list(prefix), "last")[0]), SamplingConfig(1.0))
+
+        joint: dict[tuple[int, ...], float] = {}
+        frontier = {(): 1.0}
+        for level in range(depth):
+            grown = {}
+            for prefix, mass in frontier.items():
+                for t, pt in enumerate(probs(prefix)):
+                    (joint if fresh.is_eog(t) or level == depth - 1 else grown)[prefix + (t,)] = mass * pt
+            frontier = grown
+        return joint
+    finally:
+        fresh.close()
+
+
+def sampled_against(joint: dict[tuple[int, ...], float], answers: list[tuple[int, ...]]) -> float:
+    """chi_square of the answers' counts against the exact joint."""
+    cells = {answer: i for i, answer in enumerate(joint)}
+    counts = np.zeros(len(cells))
+    for answer in answers:
+        counts[cells[answer]] += 1
+    return chi_square(counts, np.array(list(joint.values())))
 
 
 def chi_square(counts: np.ndarray, expected: np.ndarray) -> float:
@@ -223,21 +237,78 @@ def test_sampled_first_tokens_follow_the_targets_distribution(files, arch):
         target = pair.target
         # A repeated phrase, so that lookup proposes on the first step.
         prompt = [1] + target.tokenize("the sea and the sea and the sea and the", add_bos=False)
-        joint = exact_first_two(target, prompt)
+        joint = exact_joint(files[arch], prompt, 2)
         names = ["lookup"] + (["draft"] if pair.draft is not None else []) + (["mtp"] if pair.mtp is not None else [])
         for name in names:
-            counts = np.zeros_like(joint)
-            guesser, rejected = build(name, pair), 0
+            answers, guesser, rejected = [], build(name, pair), 0
             for seed in range(2000):
                 config = GenerationConfig(SamplingConfig(1.0, seed=seed), max_tokens=2, draft_length=2)
                 done = final(Engine(target, guesser).generate(prompt, config))
-                ids = done.token_ids
-                counts[ids[0], ids[1] if len(ids) > 1 else -1] += 1
+                answers.append(done.token_ids)
                 rejected += done.stats.rejections
             assert rejected > 200, f"{name}: the residual was seldom sampled ({rejected})"
-            assert chi_square(counts.ravel(), joint.ravel()) > 1e-3, f"{name} on {arch}"
+            assert sampled_against(joint, answers) > 1e-3, f"{name} on {arch}"
     finally:
         pair.close()
+
+
+# --- the MTP head drafts what the target keeps, on a model constructed so that it must -------------------
+
+
+@pytest.fixture(scope="module")
+def cycle_pair(tmp_path_factory):
+    with cycle.loaded(*cycle.write_pair(tmp_path_factory.mktemp("cycle"))) as pair:
+        yield pair
+
+
+def test_a_head_that_agrees_with_its_trunk_is_kept_and_each_planted_misalignment_collapses_it(cycle_pair):
+    """The constructed cycle model (tests/cycle.py): greedy, the MTP head's drafts and the draft model's
+    are all kept on a hybrid target; the head fed the wrong position's hidden state, or the wrong token,
+    or the draft fed the wrong context keeps none, and llama.cpp refuses a follower one position out."""
+    for guesser in ("mtp", "draft"):
+        drafted, kept = cycle.acceptance(cycle_pair, guesser)
+        assert drafted >= 27 and kept == drafted, (guesser, drafted, kept)
+    for plant, (guesser, patch) in cycle.PLANTS.items():
+        with patch():
+            try:
+                drafted, kept = cycle.acceptance(cycle_pair, guesser)
+            except SpecchatError as e:
+                assert "MTP head" in str(e), plant
+                continue
+        assert drafted > 50 and kept <= 0.05 * drafted, (plant, drafted, kept)
+
+
+SOFT = 3.0  # the successor's logit lead in the sampled test: p(successor) about 0.7 of 8 tokens
+
+
+@pytest.mark.parametrize("plant", [None, "residual from p"])
+def test_mtp_drafts_of_two_tokens_leave_the_first_three_tokens_exactly_the_targets(tmp_path, monkeypatch, plant):
+    """At T=1 with two drafted tokens a step, the first three tokens of 3,000 answers (the bonus token among
+    them whenever both guesses hold) against the target's joint from fresh decodes, on a soft cycle model
+    whose head is confident where the target is not. The control draws each correction from p instead of
+    the residual max(p - q, 0): the same test then rejects."""
+    import specchat.spec.verify as verify_module
+
+    if plant:
+        monkeypatch.setattr(verify_module, "_residual", lambda p, q, x: p)
+    target, draft = cycle.write_pair(tmp_path, cycle=SOFT, vocab=8)
+    with cycle.loaded(target, draft) as pair:
+        prompt = pair.target.tokenize(" et\n et", add_bos=False)
+        joint = exact_joint(target, prompt, 3)
+        answers, rejections, bonus = [], 0, 0
+        guesser = build("mtp", pair)
+        for seed in range(3000):
+            config = GenerationConfig(SamplingConfig(1.0, seed=seed), max_tokens=3, draft_length=2)
+            done = final(Engine(pair.target, guesser).generate(prompt, config))
+            answers.append(done.token_ids)
+            rejections += done.stats.rejections
+            bonus += done.stats.steps == 1 and len(done.token_ids) == 3
+    assert rejections > 500 and bonus > 500, (rejections, bonus)
+    p = sampled_against(joint, answers)
+    if plant:
+        assert p < 1e-6, f"the planted residual-from-p passed (p = {p:.2g})"
+    else:
+        assert p > 1e-3, p
 
 
 # --- conversations: a second turn, regenerate, edit-last ------------------------------------------------

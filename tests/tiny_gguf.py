@@ -74,15 +74,22 @@ def default_tokenizer_path() -> Path:
     return resolve(load_catalog().model("smollm2-135m-instruct"))
 
 
-def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokenizer_from: Path | None = None) -> Path:
+def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokenizer_from: Path | None = None,
+          cycle: float | None = None) -> Path:
     """Write a tiny `arch` model to `out` and return its path.
 
     vocab: None copies SmolLM2's tokenizer (from `tokenizer_from`, else the catalog's file);
     a number gives that many tokens of the small character vocabulary instead. The weights depend
     only on `seed` and the arguments, so a test may regenerate a file rather than ship it.
+    cycle: a constructed model instead of a random one (qwen35 and llama, small vocabularies): its
+    next token follows the last one round a fixed cycle (`successor`), with that token's logit
+    `cycle` above the others', and qwen35's MTP head predicts the token after next from the
+    pending token and the trunk's hidden state (see `_cycle_head`).
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    if cycle is not None and (arch not in _CYCLE_ARCHS or vocab is None or vocab > CYCLE_MAX_VOCAB):
+        raise ValueError(f"a cycle model is {' or '.join(_CYCLE_ARCHS)} with --vocab at most {CYCLE_MAX_VOCAB}")
     out = Path(out)
     writer = gguf.GGUFWriter(None, arch)  # path given at write time, to a temporary name
     writer.add_name(f"tiny-{arch}")
@@ -92,7 +99,7 @@ def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokeniz
         n_vocab = _small_tokenizer(writer, vocab)
     # The assistant draws from its own stream, so a pair written with one seed has unrelated weights.
     rng = np.random.default_rng([seed, _SEED_STREAM[arch]] if arch in _SEED_STREAM else seed)
-    weights = _Weights(writer, rng, n_vocab)
+    weights = _Weights(writer, rng, n_vocab, cycle)
     _BUILDERS[arch](writer, weights)
     # Write beside the target and rename, so a reader never sees half a file.
     tmp = out.with_name(out.name + ".part")
@@ -199,10 +206,17 @@ class _Weights:
     writer: gguf.GGUFWriter
     rng: np.random.Generator
     n_vocab: int
+    cycle: float | None = None  # a constructed cycle model's successor logit (module docstring of `write`)
 
     def matrix(self, name: str, rows: int, cols: int) -> None:
-        """A (rows, cols) f16 weight for ggml's mul_mat, fan-in scaled so activations stay O(1)."""
+        """A (rows, cols) f16 weight for ggml's mul_mat, fan-in scaled so activations stay O(1).
+
+        In a cycle model the layers' output projections are zero: every layer adds nothing to the
+        residual stream, which reaches the head as the last token's own row, so the next token
+        depends on the last one alone (the layers still run, and a recurrent one keeps its state)."""
         w = self.rng.standard_normal((rows, cols)) / math.sqrt(cols)
+        if self.cycle is not None and name.endswith(_SILENT):
+            w = np.zeros((rows, cols))
         self.writer.add_tensor(name, w.astype(np.float16))
 
     def f32(self, name: str, values: np.ndarray) -> None:
@@ -213,7 +227,17 @@ class _Weights:
         self.f32(name, np.full(shape, value))
 
     def embeddings(self, n_embd: int) -> None:
-        """token_embd, also the output head (no `output` tensor: llama.cpp ties them)."""
+        """token_embd, also the output head (no `output` tensor: llama.cpp ties them).
+
+        A cycle model's rows are one-hot (token j at dimension j) plus a constant dimension, and its
+        `output` maps each token's row to its successor."""
+        if self.cycle is not None:
+            self.writer.add_tensor("token_embd.weight", _cycle_rows(self.n_vocab, n_embd).astype(np.float16))
+            out = np.zeros((self.n_vocab, n_embd))
+            for j in range(self.n_vocab):
+                out[successor(j, self.n_vocab), j] = self.cycle / _NORMED
+            self.writer.add_tensor("output.weight", out.astype(np.float16))
+            return
         table = (self.rng.standard_normal((self.n_vocab, n_embd)) * EMBD_STD).astype(np.float32)
         # Q4_0 packs rows in blocks of 32
         assert table.size <= _F16_TABLE_MAX or n_embd % 32 == 0, n_embd
@@ -227,7 +251,9 @@ class _Weights:
         """The final norm's weight that gives logits a spread of LOGIT_SPREAD * sqrt(2 ln V).
 
         The normed state has unit RMS and the embedding rows entries of EMBD_STD, so a logit's
-        standard deviation is gain * EMBD_STD * sqrt(n_embd)."""
+        standard deviation is gain * EMBD_STD * sqrt(n_embd). (A cycle model's `output` sets its logits.)"""
+        if self.cycle is not None:
+            return 1.0
         return LOGIT_SPREAD * math.sqrt(2 * math.log(self.n_vocab)) / (EMBD_STD * math.sqrt(n_embd))
 
     def decays(self, n: int) -> np.ndarray:
@@ -314,10 +340,13 @@ def _qwen35(writer: gguf.GGUFWriter, w: _Weights) -> None:
     w.ones(f"blk.{mtp}.attn_norm.weight", N_EMBD)
     w.ones(f"blk.{mtp}.post_attention_norm.weight", N_EMBD)
     _qwen35_attention(w, mtp)
-    _ffn(w, mtp)
-    w.matrix(f"blk.{mtp}.nextn.eh_proj.weight", N_EMBD, 2 * N_EMBD)
     w.ones(f"blk.{mtp}.nextn.enorm.weight", N_EMBD)
     w.ones(f"blk.{mtp}.nextn.hnorm.weight", N_EMBD)
+    if w.cycle is not None:
+        _cycle_head(w, mtp)
+        return
+    _ffn(w, mtp)
+    w.matrix(f"blk.{mtp}.nextn.eh_proj.weight", N_EMBD, 2 * N_EMBD)
     # embed_tokens and shared_head_head are optional: without them the head reuses token_embd.
     w.ones(f"blk.{mtp}.nextn.shared_head_norm.weight", N_EMBD, value=gain)
 
@@ -332,6 +361,69 @@ def _qwen35_attention(w: _Weights, il: int) -> None:
     w.matrix(f"blk.{il}.attn_output.weight", N_EMBD, q_dim)
     w.ones(f"blk.{il}.attn_q_norm.weight", QWEN35_HEAD_DIM)
     w.ones(f"blk.{il}.attn_k_norm.weight", QWEN35_HEAD_DIM)
+
+
+# --- cycle models: a next token known in advance, and an MTP head that must line up to find it ---
+
+# Dimensions of the residual stream: [0, V) the token, [V, 2V) the token the head's hidden-state input
+# says comes now, [2V, 3V) the head's answer, and one constant dimension (every embedding row has it).
+CYCLE_MAX_VOCAB = (N_EMBD - 1) // 3
+_CYCLE_ARCHS = ("qwen35", "llama")
+_SILENT = ("attn_output.weight", "ssm_out.weight", "ffn_down.weight")
+_CONST = N_EMBD - 1
+_NORMED = math.sqrt(N_EMBD / 2)  # each entry of an RMS-normed vector of two equal entries
+# The head's FFN: unit j fires with (silu(g) * g) at g = _GATE * (x_j + x_{V+j}). Both halves agreeing
+# give about four times what one alone gives; the sink unit, from the constant dimension, sits between.
+_GATE, _SINK_GATE = 1.0, 1.5
+
+
+def successor(token: int, n_vocab: int) -> int:
+    """The cycle a cycle model follows: the ordinary tokens in order, round and round. The last token
+    (the sink, `n_vocab - 1`) is left out of it, and it and the specials lead into it."""
+    first, sink = len(_SPECIALS), n_vocab - 1
+    return token + 1 if first <= token < sink - 1 else first
+
+
+def _cycle_rows(n_vocab: int, n_embd: int) -> np.ndarray:
+    table = np.zeros((n_vocab, n_embd))
+    table[np.arange(n_vocab), np.arange(n_vocab)] = 1.0
+    table[:, _CONST] = 1.0
+    return table
+
+
+def _cycle_head(w: _Weights, il: int) -> None:
+    """An MTP block (qwen35.cpp, graph_mtp) that predicts the token after next only when its two inputs
+    line up, as a trained head's do.
+
+    Its row for position p takes the pending token x_p and the trunk's hidden state h_{p-1}, which in a
+    cycle model is x_{p-1}'s own row. eh_proj writes x_p at dimension x_p and successor(x_{p-1}), the
+    token h says comes now, at V + it; a draft step's own hidden state carries its answer at 2V + it,
+    which eh_proj also writes at V + it. The FFN's unit j fires strongly when both say j, writing
+    successor(j) as the answer; when they differ, the sink unit (from the constant dimension) outgrows
+    both halves and the head answers the sink, which the target never gives. So a head fed the hidden
+    state of the wrong position, or the wrong token, drafts nothing the target keeps. Its attention
+    output is zero: the head's own cache holds the rows a real one reads, and adds nothing."""
+    v, sink = w.n_vocab, w.n_vocab - 1
+    tokens = np.arange(v)
+    nexts = np.array([successor(j, v) for j in tokens])
+    eh = np.zeros((N_EMBD, 2 * N_EMBD))  # [enorm(token row); hnorm(h)] -> the stream
+    eh[tokens, tokens] = 1.0
+    eh[_CONST, _CONST] = 1.0
+    eh[v + nexts, N_EMBD + tokens] = 1.0  # the trunk's h: x_{p-1}'s row, whose successor comes now
+    ordinary = tokens[tokens != sink]
+    eh[v + ordinary, N_EMBD + 2 * v + ordinary] = 1.0  # a draft step's h: its answer comes now
+    gate = np.zeros((N_FF, N_EMBD))
+    gate[tokens, tokens] = gate[tokens, v + tokens] = _GATE
+    gate[v, _CONST] = _SINK_GATE
+    down = np.zeros((N_EMBD, N_FF))
+    down[2 * v + nexts, tokens] = 1.0
+    down[2 * v + sink, v] = 1.0
+    head = np.zeros((v, N_EMBD))
+    head[tokens, 2 * v + tokens] = w.cycle / _NORMED
+    for name, value in (("ffn_gate", gate), ("ffn_up", gate), ("ffn_down", down),
+                        ("nextn.eh_proj", eh), ("nextn.shared_head_head", head)):
+        w.writer.add_tensor(f"blk.{il}.{name}.weight", value.astype(np.float16))
+    w.ones(f"blk.{il}.nextn.shared_head_norm.weight", N_EMBD)
 
 
 # --- mamba2 --------------------------------------------------------------------------------
@@ -520,6 +612,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--vocab", type=int, help=f"a small character vocabulary of N tokens (4..{MAX_SMALL_VOCAB})")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cycle", type=float, metavar="LOGIT",
+                        help=f"a constructed model (qwen35 or llama, --vocab at most {CYCLE_MAX_VOCAB}) whose next token "
+                             "follows a fixed cycle, LOGIT above the rest; qwen35's MTP head agrees with it")
     parser.add_argument("--tokenizer-from", type=Path, help="GGUF to copy the tokenizer from (default: SmolLM2-135M)")
     parser.add_argument("--for", dest="target", type=Path,
                         help="gemma4-assistant only: the gemma4 target it drafts for (checked; its tokenizer is copied)")
@@ -535,7 +630,11 @@ def main(argv: list[str] | None = None) -> None:
         except (OSError, ValueError) as e:
             parser.error(str(e))
         tokenizer_from = args.target
-    path = write(args.arch, args.out, vocab=args.vocab, seed=args.seed, tokenizer_from=tokenizer_from)
+    try:
+        path = write(args.arch, args.out, vocab=args.vocab, seed=args.seed, tokenizer_from=tokenizer_from,
+                     cycle=args.cycle)
+    except ValueError as e:
+        parser.error(str(e))
     print(path)
 
 
