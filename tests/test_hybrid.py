@@ -15,9 +15,9 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+import cycle
 import numpy as np
 import pytest
-import cycle
 import tiny_gguf
 from greedy import compare
 from scipy.stats import chisquare
