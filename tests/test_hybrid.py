@@ -111,22 +111,6 @@ def test_a_rewind_brings_back_exactly_the_state_it_left(targets, files, arch):
     session.clear()
 
 
-def test_a_rollback_within_the_last_decode_uses_llama_cpps_snapshots(targets):
-    """The hybrid model steps back up to its snapshots without a saved state; one step further than
-    the last decode holds would read a stale snapshot, and is restored instead."""
-    session = targets["qwen35"].session
-    session.clear()
-    session.decode(list(range(10, 40)), "none")
-    session.decode(list(range(50, 55)), "none")
-    restores = session.stats.restores
-    session.rewind(32)  # 3 back, inside the last decode of 5
-    assert session.stats.restores == restores and len(session.tokens) == 32
-    session.decode([60], "none")
-    session.rewind(31)  # 1 back from a decode of 1: no snapshot covers it
-    assert session.stats.restores == restores + 1 and session.tokens == list(range(10, 40)) + [50]
-    session.clear()
-
-
 # --- the output does not change -------------------------------------------------------------------------
 
 
@@ -347,7 +331,6 @@ def test_a_second_turn_regenerate_and_edit_give_what_a_fresh_process_gives(files
     pair = load_pair(ModelChoice(target=files[arch], n_ctx=1024, threads=1))
     pair.costs.assume(FLAT)  # this machine's curve would have auto guess seldom
     service = ChatService(pair)
-    session = pair.target.session
     try:
         first = [Message("system", "Be brief."), Message("user", TEXT)]
         one = answer(service, first)
@@ -357,12 +340,10 @@ def test_a_second_turn_regenerate_and_edit_give_what_a_fresh_process_gives(files
         two = answer(service, second)
         assert two.stats.cached >= one.stats.n_prompt + len(one.token_ids) - 1  # the first turn's cache, reused
         same_answer(files[arch], service.last_prompt, two.token_ids)
-        restores, replayed, prompt = session.stats.restores, session.stats.replayed, service.last_prompt
-        again = answer(service, second)  # regenerate: the same history, back to the prompt's end
+        prompt = service.last_prompt
+        again = answer(service, second)  # regenerate: the same history (its counters: tests/test_rollback.py)
         assert service.last_prompt == prompt
         same_answer(files[arch], prompt, again.token_ids, two.token_ids)
-        # Back to the state saved at the prompt's end: restored, with nothing decoded again.
-        assert session.stats.restores > restores and session.stats.replayed - replayed < 20
         edited = second[:-1] + [Message("user", "Say it once more, in other words.")]
         three = answer(service, edited)
         same_answer(files[arch], service.last_prompt, three.token_ids)

@@ -153,22 +153,29 @@ class Session:
         it cannot be done, or is interrupted, the whole cache is cleared, so that it never lies."""
         if n >= len(self.tokens):
             return
-        drop = len(self.tokens) - n
-        native = self.memory is Memory.TRIM or (
-            self.memory is Memory.ROLLBACK and not self._rolled_back
-            and drop <= min(self.rollback_depth, self._last_decode - 1))
-        # llama.cpp's seq_rm on a recurrent memory may answer yes to a rollback its snapshots do not
-        # hold (beyond the last decode), so it is asked only where the answer is known to be true.
+        native = self.memory is Memory.TRIM or self._snapshots_hold(len(self.tokens) - n)
         if native and llama_cpp.llama_memory_seq_rm(self._memory, 0, n, -1):
             self._rolled_back = self.memory is Memory.ROLLBACK
             self._cut(n)
             return
         self._restore(n)
 
+    def _snapshots_hold(self, drop: int) -> bool:
+        """Whether llama.cpp's own snapshots of a ROLLBACK memory can step back `drop` positions: no more
+        than it keeps, within the last decode (the state before that decode is not among them), once.
+        llama.cpp's seq_rm on a recurrent memory may answer yes to a rollback its snapshots do not hold,
+        so it is asked only where the answer is known to be true."""
+        return (self.memory is Memory.ROLLBACK and not self._rolled_back
+                and drop <= min(self.rollback_depth, self._last_decode - 1))
+
+    def _nearest_saved(self, n: int) -> Checkpoint | None:
+        """The saved state nearest before or at n."""
+        points = [c for c in (*self._checkpoints, self._step) if c is not None and c.pos <= n]
+        return max(points, key=lambda c: c.pos, default=None)
+
     def _restore(self, n: int) -> None:
         """Come back to n from the nearest saved state at or before it, decoding what lies between."""
-        points = [c for c in (*self._checkpoints, self._step) if c is not None and c.pos <= n]
-        point = max(points, key=lambda c: c.pos, default=None)
+        point = self._nearest_saved(n)
         replay = self.tokens[:n]
         t0 = time.perf_counter()
         try:
