@@ -185,7 +185,9 @@ def test_bench_prints_plain_auto_the_oracle_bound_and_the_modelled_auto(smol_pat
     rows = json.loads(report.read_text())["rewrite"]
     assert set(rows) == {"plain", "auto", "oracle", "modelled"}
     assert rows["plain"]["speedup_vs_plain"] == 1.0 and rows["auto"]["tokens_per_s"] > 0
-    assert rows["oracle"]["speedup_vs_plain"] >= 1.0 and 0 < rows["modelled"]["share_of_oracle"]
+    # The answer repeats the prompt's sentence: a bound that copies it is well above plain (one that
+    # never copies, or always pays for a miss, is at or below 1.0x).
+    assert rows["oracle"]["speedup_vs_plain"] > 1.1, rows["oracle"]  # 1.29x here
     assert "auto modelled" in result.stdout and "oracle bound" in result.stdout
 
 

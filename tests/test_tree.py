@@ -60,14 +60,15 @@ def contexts(tree: Tree) -> list[tuple[int, ...]]:
     return [(), *(tuple(tree.tokens[n] for n in tree.path(i)) for i in range(len(tree.tokens)))]
 
 
-def first_two(tree: Tree, rng: np.random.Generator) -> tuple[int, int]:
-    """The first two tokens the step yields; a step that yields one is followed by a plain draw."""
+def first_two(tree: Tree, rng: np.random.Generator) -> tuple[int, int, int]:
+    """The first two tokens the step yields (a step that yields one is followed by a plain draw), and
+    which of the root's branches the kept path went through (-1: none was kept)."""
     probs = rows(tree.tokens, tree.parents)
     v = verify_tree(tree, probs, rng)
     out = [tree.tokens[n] for n in v.path] + [v.token]
     if len(out) < 2:
         out.append(int(rng.choice(V, p=target((out[0],)))))
-    return out[0], out[1]
+    return out[0], out[1], tree.children(-1).index(v.path[0]) if v.path else -1
 
 
 @lru_cache(maxsize=None)
@@ -85,18 +86,21 @@ def joint() -> np.ndarray:
 def test_tree_reproduces_the_target_at_t1(kind, width):
     rng = np.random.default_rng(width * 7 + len(kind))
     counts = np.zeros((V, V))
-    kept = 0
+    branches = np.zeros(3)  # steps that kept a path through each of the root's branches
     for _ in range(N):
         tree = grow(kind, width, rng)
-        a, b = first_two(tree, rng)
+        a, b, branch = first_two(tree, rng)
         counts[a, b] += 1
-        kept += tree.tokens[tree.children(-1)[0]] == a
+        if branch >= 0:
+            branches[branch] += 1
     expected = joint() * N
     big = expected.ravel() >= 5  # chi-square wants five expected per cell: pool the rare ones
     observed = np.append(counts.ravel()[big], counts.ravel()[~big].sum())
     wanted = np.append(expected.ravel()[big], expected.ravel()[~big].sum())
     assert chisquare(observed, wanted).pvalue > 1e-3
-    assert kept > 0  # the tree was used, not bypassed
+    # The first branch and the others were kept, many times: a tree bypassed keeps none, and one cut to its
+    # first branch none through the others.
+    assert branches[0] > N // 400 and branches[1:].sum() > N // 400, branches
 
 
 def test_second_branch_raises_acceptance_over_one():
@@ -112,16 +116,50 @@ def test_second_branch_raises_acceptance_over_one():
     assert two > one * 1.05
 
 
-def test_a_chain_is_the_single_candidate_rule_draw_for_draw():
+def algorithm_1(tokens: list[int], drafts: np.ndarray | None, p: np.ndarray) -> dict[tuple[int, int], float]:
+    """The chance of each (guesses kept, token drawn) of one step, written out from Leviathan et al.'s
+    Algorithm 1: guess i is kept with min(1, p_i(x) / q_i(x)); the first rejection draws from
+    max(p_i - q_i, 0), normalised; a step that keeps all draws the bonus from p_k. A guess without q is
+    a point mass."""
+    out: dict[tuple[int, int], float] = {}
+    reach = 1.0  # the chance of getting to guess i
+    for i, x in enumerate(tokens):
+        q = drafts[i] if drafts is not None else np.eye(p.shape[1])[x]
+        keep = min(1.0, p[i, x] / q[x])
+        residual = np.maximum(p[i] - q, 0.0)
+        for t in range(p.shape[1]):
+            out[(i, t)] = reach * (1 - keep) * residual[t] / residual.sum() if residual.sum() else 0.0
+        reach *= keep
+    for t in range(p.shape[1]):
+        out[(len(tokens), t)] = reach * p[len(tokens), t]
+    return out
+
+
+@pytest.mark.parametrize("residual_from_p", [False, True])
+def test_a_chain_keeps_and_draws_as_algorithm_1_says(monkeypatch, residual_from_p):
+    """`verify` (the tree rule on a chain) against the chances written out from the paper, for a sampled
+    draft and for point masses; the control draws each correction from p instead, and is caught."""
+    import specchat.spec.verify as verify_module
+
+    if residual_from_p:
+        monkeypatch.setattr(verify_module, "_residual", lambda p, q, x: p)
     p = np.array([[0.4, 0.3, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]])
     q = np.array([[0.1, 0.7, 0.1, 0.1], [0.3, 0.3, 0.3, 0.1]])
-    a, b = np.random.default_rng(9), np.random.default_rng(9)
-    for _ in range(500):
-        tokens = [int(a.integers(4)), int(a.integers(4))]
-        b.integers(4), b.integers(4)
-        for drafts in (q, None):
-            single, tree = verify(tokens, drafts, p, a), verify_tree(Tree.chain(tokens, drafts), p, b)
-            assert (single.n_accepted, single.token) == (len(tree.path), tree.token)
+    rng = np.random.default_rng(9)
+    pvalues = []
+    for tokens, drafts in (([1, 2], q), ([0, 1], None), ([3, 1], None)):
+        want = algorithm_1(tokens, drafts, p)
+        cells = [cell for cell, chance in want.items() if chance > 0]
+        counts = dict.fromkeys(cells, 0)
+        for _ in range(N // 2):
+            v = verify(tokens, drafts, p, rng)
+            counts[(v.n_accepted, v.token)] = counts.get((v.n_accepted, v.token), 0) + 1
+        if set(counts) != set(cells):  # an outcome the rule gives no chance
+            pvalues.append(0.0)
+            continue
+        total = sum(want[c] for c in cells)
+        pvalues.append(chisquare([counts[c] for c in cells], [want[c] / total * (N // 2) for c in cells]).pvalue)
+    assert (min(pvalues) < 1e-6) if residual_from_p else (min(pvalues) > 1e-3), pvalues
 
 
 def test_greedy_takes_the_longest_branch_the_target_agrees_with():
