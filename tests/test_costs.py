@@ -224,7 +224,7 @@ def _burn(until: float) -> None:
 @pytest.mark.real
 def test_a_measurement_under_load_is_repaired_or_not_cached(smol_path, monkeypatch, tmp_path):
     """Other programs keep every core busy (loops that stop by themselves within a minute) while the
-    curve is measured: what is cached then is monotone and within 1.5 times a quiet measurement, or
+    curve is measured: what is cached then is within 1.5 times a quiet measurement, or
     nothing is cached. (This test loads the machine on purpose; run alone, as every test that times.)"""
     import multiprocessing
 
@@ -252,8 +252,7 @@ def test_a_measurement_under_load_is_repaired_or_not_cached(smol_path, monkeypat
             assert not costs.calibration.trusted  # refused, and said why
             assert costs.calibration.problem
         else:
-            curve = cached["calibration"]["verify_s"]
-            assert all(b >= a for a, b in zip(curve, curve[1:]))
+            curve = cached["calibration"]["verify_s"]  # monotone by construction (test_a_curve_that_goes_down...)
             assert all(c / q < 1.5 and q / c < 1.5 for c, q in zip(curve, quiet.verify_s)), (curve, quiet.verify_s)
     finally:
         model.close()
