@@ -22,9 +22,10 @@ class FakeBackend:
 
     def __init__(self, answer: str = "Hello **world**, this is a scripted answer.",
                  pause_after: int | None = None, notice: str | None = None,
-                 load_gate: threading.Event | None = None, plain_s: float = 0.0) -> None:
+                 load_gate: threading.Event | None = None, plain_s: float = 0.0, slowdown: float = 1.0) -> None:
         self.answer = answer
         self.plain_s = plain_s  # what the service would judge a plain step cost during the answer (0: not known)
+        self.slowdown = slowdown  # ... and how much slower than usual its steps ran
         self.warnings: list[str] = []
         self.guessers = list(GUESSERS)
         self.notice = notice  # yielded before the answer, as the real backend does when it drops turns
@@ -122,4 +123,4 @@ class FakeBackend:
             text += step.text
             stats = stats.add_step(step)
             yield step
-        yield Done("eog", text, tuple(ids), stats, plain_s=self.plain_s)
+        yield Done("eog", text, tuple(ids), stats, plain_s=self.plain_s, slowdown=self.slowdown)

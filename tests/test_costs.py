@@ -59,6 +59,34 @@ def test_a_busy_measurement_is_not_trusted(contention, spread, plain, problem):
     assert found.startswith(problem) if problem else found == ""
 
 
+@pytest.mark.parametrize("others_s, expected", [(6.0, 1.0), (3.0, 0.0), (None, None)])
+def test_the_contention_probe_counts_the_cores_others_took_beyond_those_left_free(monkeypatch, tmp_path,
+                                                                                  others_s, expected):
+    """Over 2 s on a 4-core machine whose llama.cpp runs 2 threads (4 s of this process's own CPU time):
+    other programs taking 6 s (3 cores) take 1 core beyond the 2 left free; taking 3 s, none; a
+    /proc/stat that cannot be read says nothing (None)."""
+    import types
+
+    from specchat.spec import calibrate
+
+    stat = tmp_path / "stat"
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def counters(busy_s: float) -> str:  # cpu user nice system idle iowait irq softirq steal guest guest_nice
+        user, system = round(busy_s * tick * 0.75), round(busy_s * tick * 0.25)
+        return f"cpu  {user} 0 {system} 999999 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
+
+    clock, own = iter([100.0, 102.0]), iter([10.0, 14.0])
+    monkeypatch.setattr(calibrate, "PROC_STAT", str(stat))
+    monkeypatch.setattr(calibrate, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(calibrate, "_own_s", lambda: next(own))
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    stat.write_text(counters(1000.0) if others_s is not None else "not the kernel's counters\n")
+    with calibrate.OtherLoad(threads=2) as load:
+        stat.write_text(counters(1000.0 + 4.0 + others_s) if others_s is not None else "")
+    assert load.contention == (pytest.approx(expected) if expected is not None else None)
+
+
 def test_the_curve_while_nothing_is_trusted_never_guesses():
     """Auto on the conservative curve: a perfect copy to make, and still a plain step."""
     auto = AutoGuesser(conservative(0.03))

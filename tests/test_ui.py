@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from fakes import FakeBackend
 
+from specchat.server.api import timings
 from specchat.service.choices import ModelChoice
 from specchat.service.conversation import against_plain
 from specchat.store.conversations import Store
@@ -252,18 +253,31 @@ async def test_a_bug_in_a_generation_is_one_line_and_the_app_goes_on(tmp_path):
         await until(pilot, lambda: answered(app), "the next answer")
 
 
-async def test_the_panel_and_the_answers_line_show_the_speedup_and_the_baseline_it_used(tmp_path):
+@pytest.mark.parametrize("slowdown", [1.0, 3.0])
+async def test_the_panel_the_answers_line_the_cli_and_the_server_say_one_speedup(tmp_path, slowdown):
     # The inconsistency: "baseline 11.1 tok/s (as measured)" beside a speedup divided by another
-    # baseline. Once the answer ends, the panel, the line under the answer and the CLI's line (the same
-    # against_plain) say one figure, and the panel's baseline is the one it was divided by.
-    backend = FakeBackend(plain_s=0.02)
+    # baseline. Once the answer ends, the panel, the line under the answer, the CLI's line (the same
+    # against_plain) and the server's timings say one figure, all of them uncertain on a busy machine,
+    # and the panel's baseline is the one it was divided by.
+    backend = FakeBackend(plain_s=0.02, slowdown=slowdown)
     app = make_app(tmp_path, backend)
     async with app.run_test(size=(120, 36)) as pilot:
         await send(pilot, app, "Say hello")
         await until(pilot, lambda: answered(app), "the answer to be saved")
         done = backend.last_done
         assert done.speedup == pytest.approx(7 / 0.12 * 0.02)  # 7 tokens in 3 steps of 0.04 s; a plain step 0.02 s
-        panel = app.query_one(StatsPanel)
-        assert f"speedup     {done.speedup:.2f}x" in str(panel.query_one("#numbers").render())
-        assert str(panel.query_one("#baseline").render()) == "baseline 50.0 tok/s: plain steps at this answer's moments"
-        assert against_plain(done) == "1.17x plain" and "· 1.17x plain ·" in list(app.query(MessageView))[-1].summary
+        numbers = str(app.query_one(StatsPanel).query_one("#numbers").render()).splitlines()
+        speedup = next(line for line in numbers if line.startswith("speedup"))
+        assert str(app.query_one(StatsPanel).query_one("#baseline").render()) == \
+            "baseline 50.0 tok/s: plain steps at this answer's moments"
+        summary = list(app.query(MessageView))[-1].summary
+        sent = timings(done)
+        assert f"{sent['speedup']:.2f}" == "1.17" and sent["machine_busy"] == done.busy == (slowdown > 1)
+        if done.busy:
+            assert speedup == "speedup     1.17x ?"
+            assert "uncertain: this machine was busy (steps 3.0x slower than usual)" in numbers[numbers.index(speedup) + 1]
+            assert against_plain(done) == "1.17x plain (uncertain: the machine was busy, steps 3.0x slower than usual)"
+        else:
+            assert speedup == "speedup     1.17x" and not any("uncertain" in line for line in numbers)
+            assert against_plain(done) == "1.17x plain"
+        assert f"· {against_plain(done)} ·" in summary

@@ -75,14 +75,16 @@ class OtherLoad:
         self.contention = max(0.0, others - max(0, (os.cpu_count() or 1) - self.threads))
 
 
+PROC_STAT = "/proc/stat"  # Linux's CPU time counters (a test points this at a file of its own)
+
+
 def _busy_s() -> float | None:
     """Seconds every CPU of the machine spent busy so far."""
     try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(v) for v in f.readline().split()[1:9]]
-    except (OSError, ValueError):
+        with open(PROC_STAT, encoding="ascii") as f:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
+    except (OSError, ValueError):  # unreadable, or not the counters it should be (a short line too)
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
