@@ -17,6 +17,7 @@ from typing import Callable
 
 import cycle
 import numpy as np
+import plants
 import pytest
 import tiny_gguf
 from greedy import compare
@@ -24,12 +25,12 @@ from scipy.stats import chisquare
 
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
-from specchat.llama.session import Memory
+from specchat.llama.session import Memory, Session
 from specchat.llama.template import Message
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
 from specchat.service.loader import load_pair
-from specchat.spec.engine import Engine, GenerationConfig, Stats, final
+from specchat.spec.engine import Engine, GenerationConfig, final
 from specchat.spec.guessers import AutoGuesser, DraftGuesser, Guesser, MtpGuesser, NoGuesser, build
 from specchat.spec.policy import CostCurve
 from specchat.spec.sampling import SamplingConfig, logits_to_probs
@@ -158,10 +159,24 @@ def greedy_as_plain(target: Model, path: Path, prompt: list[int], guesser: Calla
     guessed. A random-weight model's logits lie close together, and batched and single-token evaluation
     of a layer round differently on some CPUs (gated delta nets on the CI machine): such a flip is
     excused only under the noise measured on a fresh model and the fixed ceiling."""
-    runs: list[Stats] = []
-    for tie in compare(target, path, prompt, guesser, 48, draft_length=draft_length, runs=runs):
+    found = compare(target, path, prompt, guesser, 48, draft_length=draft_length)
+    for tie in found.ties:
         warnings.warn(f"{path.stem}: {tie.report()}")
-    assert sum(r.drafted for r in runs) > 0, f"nothing was guessed on {path.stem}"
+    assert found.drafted > 0, f"nothing was guessed on {path.stem}"
+
+
+def test_the_greedy_check_catches_a_restore_from_another_checkpoints_state(targets, files, monkeypatch):
+    """Six-token drafts from the other architecture (rejected early, 65 restores in 48 tokens) reach past
+    the hybrid's four snapshots, so rejections restore the step checkpoint; planted in the target's
+    session, a restore loads the oldest saved state under the nearest one's position."""
+    target, nearest = targets["qwen35"], Session._nearest_saved
+    monkeypatch.setattr(Session, "_nearest_saved", lambda self, n: plants.another_checkpoints_state(self, n)
+                        if self is target.session else nearest(self, n))
+    target.session.clear()
+    with pytest.raises(AssertionError, match="the engine is wrong"):
+        compare(target, files["qwen35"], target.tokenize(TEXT * 2, add_bos=True),
+                lambda: DraftGuesser(targets["mamba2"]), 48, draft_length=6)
+    target.session.clear()
 
 
 # --- sampling at T=1 is exactly the target's ------------------------------------------------------------

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import plants
 import pytest
 import tiny_gguf
 
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
-from specchat.llama.session import Checkpoint, Memory, Session
+from specchat.llama.session import Memory, Session
 from specchat.llama.template import Message
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
@@ -144,30 +145,13 @@ def test_every_rewind_leaves_the_logits_of_a_fresh_decode(models, arch):
 # --- the plants: each must be caught -----------------------------------------------------------------
 
 
-# (Asking llama.cpp for one step more than its snapshots keep is no such bug: its seq_rm says no, and the
-# session restores instead.)
-def _one_past_the_last_decode(self: Session, drop: int) -> bool:
-    return self.memory is Memory.ROLLBACK and not self._rolled_back and drop <= min(self.rollback_depth,
-                                                                                    self._last_decode)
-
-
-_nearest = Session._nearest_saved
-
-
-def _another_checkpoints_state(self: Session, n: int) -> Checkpoint | None:
-    """The nearest saved position, with the state saved at the oldest one."""
-    point = _nearest(self, n)
-    oldest = min(self._checkpoints, key=lambda c: c.pos, default=None)
-    return point if point is None or oldest is None else Checkpoint(point.pos, oldest.data)
-
-
 @pytest.mark.parametrize("arch, plant", [
-    ("qwen35", _one_past_the_last_decode),
-    ("qwen35", _another_checkpoints_state),
-    ("mamba2", _another_checkpoints_state),
+    ("qwen35", plants.one_past_the_last_decode),
+    ("qwen35", plants.another_checkpoints_state),
+    ("mamba2", plants.another_checkpoints_state),
 ])
 def test_a_planted_rewind_bug_is_caught(models, monkeypatch, arch, plant):
-    name = "_nearest_saved" if plant is _another_checkpoints_state else "_snapshots_hold"
+    name = "_nearest_saved" if plant is plants.another_checkpoints_state else "_snapshots_hold"
     monkeypatch.setattr(Session, name, plant)
     model, fresh = models[arch]
     assert judge(model, fresh) != [], f"{plant.__name__} passed on {arch}"
