@@ -84,7 +84,7 @@ def plain_run(engine: RecordingEngine, path: Path, prompt: list[int],
 class Comparison:
     """What one comparison found and exercised, summed over its speculative runs."""
 
-    ties: list[Parting] = field(default_factory=list)  # the near-ties excused (at most one)
+    ties: list[Parting] = field(default_factory=list)  # the near-ties excused (no more than `near_ties`)
     drafted: int = 0
     accepted: int = 0
     rejections: int = 0
@@ -92,7 +92,7 @@ class Comparison:
     trees: int = 0  # steps that verified a tree
     elsewhere: int = 0  # ... and kept a path other than the first branch's
     rows: int = 0  # logits rows held equal to plain decoding's
-    noise: float = 0.0  # the largest batch noise measured apart (the rows' tolerance)
+    noise: float = 0.0  # the largest batch noise measured apart (the rows' tolerance; 0 where not checked)
     near_ties: int = 0  # positions of plain decoding's answer whose top two logits lie within tie tolerance
 
     def exercised(self) -> None:
@@ -135,7 +135,7 @@ def row_noise(path: Path, prompt: tuple[int, ...], answer: tuple[int, ...], n_ct
 
 def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], Guesser], n: int,
             draft_length: int | None = None, check_rows: bool = True) -> Comparison:
-    """Every one of n tokens, equal or a near-tie, and (`rows`) every row the speculative run chose from
+    """Every one of n tokens, equal or a near-tie, and (`check_rows`) every row the speculative run chose from
     equal to plain decoding's within the batch noise. After a near-tie both runs go on from the
     speculative choice, so that one flip does not end the comparison; no more flips than plain
     decoding's answer has near-ties.
@@ -145,7 +145,7 @@ def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], 
     to a tenth more than any of five batch schedules on a fresh model (0.56-0.73 against 0.53-0.68,
     2026-12-03), since each row also carries the rounding of the batches its cache was written in."""
     answer: list[int] = []  # agreed so far (through the near-ties, the speculative choice)
-    found_all = Comparison()
+    c = Comparison()
     plain, spec = RecordingEngine(target, NoGuesser()), RecordingEngine(target)
     while len(answer) < n:
         config = GenerationConfig(max_tokens=n - len(answer), draft_length=draft_length)
@@ -156,20 +156,19 @@ def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], 
         # Judged against the prompt alone, so that the fresh model evaluates the whole answer both ways.
         found = parting(path, prompt, answer + list(spec_ids), answer + list(plain_ids), target.n_ctx,
                         target.n_threads, rows)
-        c, s = found_all, spec.stats
+        s = spec.stats
         c.drafted, c.accepted, c.rejections = c.drafted + s.drafted, c.accepted + s.accepted, c.rejections + s.rejections
         c.partial, c.trees, c.elsewhere = c.partial + spec.partial, c.trees + spec.trees, c.elsewhere + spec.elsewhere
-        noise = row_noise(path, tuple(prompt + answer), tuple(plain_ids), target.n_ctx, target.n_threads) \
-            if check_rows else CEILING / 2
-        c.noise = max(c.noise, noise)
-        shared = (len(spec_ids) if i is None else i) if check_rows else 0  # positions whose context both share
-        for j in range(shared):
-            moved = float(np.abs(spec.rows[j] - plain_rows[j]).max())
-            assert moved <= noise, (f"the engine is wrong: at token {len(answer) + j} the speculative run's logits "
-                                    f"differ from plain decoding's by up to {moved:.3g}, and batches move them by "
-                                    f"up to {noise:.3g} on a fresh model")
-            c.rows += 1
-        tolerance = min(2 * noise, CEILING)  # a lead a parting may have (specchat.tools.ties)
+        tolerance = CEILING  # a lead a parting may have (specchat.tools.ties)
+        if check_rows:
+            noise = row_noise(path, tuple(prompt + answer), tuple(plain_ids), target.n_ctx, target.n_threads)
+            c.noise, tolerance = max(c.noise, noise), min(2 * noise, CEILING)
+            for j in range(len(spec_ids) if i is None else i):  # the positions whose context both share
+                moved = float(np.abs(spec.rows[j] - plain_rows[j]).max())
+                assert moved <= noise, (f"the engine is wrong: at token {len(answer) + j} the speculative run's "
+                                        f"logits differ from plain decoding's by up to {moved:.3g}, and batches move "
+                                        f"them by up to {noise:.3g} on a fresh model")
+                c.rows += 1
         c.near_ties += sum(float(np.diff(np.sort(plain_rows[j])[-2:])[0]) <= tolerance
                            for j in range(len(plain_ids) if i is None else i + 1))
         if found is None:
@@ -180,6 +179,6 @@ def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], 
                                            f"answer had {c.near_ties} near-ties so far: " + found.report())
         c.ties.append(found)
         answer = list((answer + list(spec_ids))[:found.position + 1])
-    full = answer
-    assert len(full) == n and len(set(full)) >= n // 4, f"a degenerate answer: {len(full)} tokens, {len(set(full))} distinct"
-    return found_all
+    assert len(answer) == n and len(set(answer)) >= n // 4, \
+        f"a degenerate answer: {len(answer)} tokens, {len(set(answer))} distinct"
+    return c
