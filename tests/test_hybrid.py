@@ -21,7 +21,7 @@ import plants
 import pytest
 import tiny_gguf
 from greedy import compare
-from scipy.stats import chisquare
+from pooled import chi_square
 
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
@@ -212,15 +212,6 @@ def sampled_against(joint: dict[tuple[int, ...], float], answers: list[tuple[int
     for answer in answers:
         counts[cells[answer]] += 1
     return chi_square(counts, np.array(list(joint.values())))
-
-
-def chi_square(counts: np.ndarray, expected: np.ndarray) -> float:
-    """p-value of the counts against the distribution, cells with too little mass for the test merged."""
-    n = counts.sum()
-    big = expected * n >= 5
-    observed = np.append(counts[big], counts[~big].sum())
-    wanted = np.append(expected[big], expected[~big].sum()) * n
-    return float(chisquare(observed, wanted).pvalue)
 
 
 @pytest.mark.parametrize("arch", ["qwen35-small", "mamba2-small", "gemma4-small"])
