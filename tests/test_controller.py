@@ -122,6 +122,34 @@ def test_auto_learns_to_stop_guessing_what_is_always_rejected():
     assert 0 < tried < 10
 
 
+def test_a_copy_auto_passes_up_is_judged_by_what_the_step_committed():
+    # On the CPU curve a copy after a 1-token match is not worth sending, but the next context shows
+    # whether it would have held: evidence for free, in the bucket it came from and nowhere else.
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    ctx = [5, 6, 7, 8, 1, 5]  # the earlier "5" went on with 6 7 8
+    # (what the step committed, the buckets judged: 1 and 2 of a 1-token match held, a third missed)
+    for committed, judged in (([6], [0]), ([9], [0]), ([6, 7, 3], [0, 1, 2])):
+        auto = AutoGuesser(CostCurve(list(CPU.verify_s), CPU.draft_s))
+        auto.prepare(ctx)
+        buckets = auto.lookup_acceptance["far"].buckets
+        before = [(b.accepted, b.judged) for b in buckets]
+        assert auto.propose(ctx, 8, greedy, rng).guesser == "none"
+        auto.observe(0, 0, 0.0, 0.01)
+        auto.propose(ctx + committed, 8, greedy, rng)
+        assert [i for i, b in enumerate(buckets) if (b.accepted, b.judged) != before[i]] == judged, committed
+        assert (buckets[0].alpha > before[0][0] / before[0][1]) == (committed[0] == 6), committed
+    # A copy that was sent is learned from once, by observe, not again when the next context shows it.
+    auto = AutoGuesser(CostCurve(list(GPU.verify_s), GPU.draft_s))
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4, 5]
+    auto.prepare(ctx)
+    sent = auto.propose(ctx, 3, greedy, rng)
+    assert sent.guesser == "lookup" and sent.tokens == [6, 7, 8]
+    auto.observe(3, 3, 0.0, 0.01)
+    judged = [b.judged for b in auto.lookup_acceptance["far"].buckets]
+    auto.propose(ctx + [6, 7, 8, 2], 8, greedy, rng)
+    assert [b.judged for b in auto.lookup_acceptance["far"].buckets] == judged
+
+
 def test_auto_prefers_the_passage_being_copied_over_the_latest_occurrence():
     auto = AutoGuesser(CostCurve(list(GPU.verify_s), GPU.draft_s))
     context = [1, 2, 3, 7, 7, 1, 2, 4, 8, 1, 2]

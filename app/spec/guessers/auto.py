@@ -79,6 +79,9 @@ class AutoGuesser(BaseGuesser):
         # tokens drafted); which branch held is read from the context at the next step.
         self._tree: tuple[int, list[tuple[tuple[str, int, str, int], int, int]]] | None = None
         self._tree_accepted = 0
+        # Copies found but not sent, and where the context ended then: the next step's context shows whether
+        # they would have held, evidence that costs nothing (see _settle_unsent).
+        self._unsent: tuple[int, list[tuple[tuple[str, int, str, int], list[int]]]] = (0, [])
         # What guessing has gained or lost against plain decoding: no guess may risk more than it allows.
         self.account = LossAccount()
         self._timed = True  # the account counts the drafters' real time (not under a seed: by the curve)
@@ -98,6 +101,7 @@ class AutoGuesser(BaseGuesser):
     def prepare(self, context: Sequence[int]) -> None:
         self._cursor = self._replaced = None  # a new generation: nothing is being copied yet
         self._tree = None  # a tree that ended the last one: which branch held is not in this context
+        self._unsent = (0, [])
         self.account.start()
         for drafter in self.drafters.values():
             drafter.prepare(context)
@@ -145,6 +149,8 @@ class AutoGuesser(BaseGuesser):
         self._settle_tree(context)
         self._last, self._sampling, self._timed = ("none", 0, "far", 0), sampling, sampling.seed is None
         self.lookup_acceptance, self.drafter_acceptance = self._estimates_for(sampling.greedy)
+        self._settle_unsent(context)
+        found_copies: list[tuple[tuple[str, int, str, int], list[int]]] = []
         best = 1.0 / float(self.curve.verify(1))  # a plain step
         allow = self.account.allowance(float(self.curve.verify(1)))  # what this step may lose at worst
         choice = Proposal.empty()
@@ -156,6 +162,7 @@ class AutoGuesser(BaseGuesser):
             found = [int(t) for t in context[start:start + k]]
             alphas = self.lookup_acceptance[kind].alphas(m, len(found))
             n, rate = best_length(alphas, self.curve, 0.0, allow)
+            found_copies.append((("lookup", start, kind, m), found))
             if n:
                 copies.append((("lookup", start, kind, m), found[:n], alphas[:n]))
             if n and rate > best:
@@ -165,6 +172,8 @@ class AutoGuesser(BaseGuesser):
             found, m = self.history.propose(context, k)
             alphas = self.history.acceptance(sampling).alphas(m, len(found))
             n, rate = best_length(alphas, self.curve, 0.0, allow)
+            if found:
+                found_copies.append((("history", 0, "history", m), found))
             if n:
                 copies.append((("history", 0, "history", m), found[:n], alphas[:n]))
             if n and rate > best:
@@ -181,9 +190,10 @@ class AutoGuesser(BaseGuesser):
                 best, drafter = rate, (name, n)
         if drafter is not None:
             name, n = drafter
-            self._last = (name, 0, "far", 0)
-            return self.drafters[name].propose(context, n, sampling, rng)
-        return choice
+            self._last, self._tree = (name, 0, "far", 0), None
+        sent = {source for source, _, _ in self._tree[1]} if self._tree is not None else {self._last}
+        self._unsent = (len(context), [(source, found) for source, found in found_copies if source not in sent])
+        return self.drafters[drafter[0]].propose(context, drafter[1], sampling, rng) if drafter else choice
 
     def _tree_of(self, context: Sequence[int], copies: list, k: int, best: float,
                  allow: float) -> tuple[float, Proposal] | None:
@@ -238,6 +248,23 @@ class AutoGuesser(BaseGuesser):
         for last, first, drafted in sorted(branches, key=lambda b: b[1] == held):
             self._last = last
             self._learn(drafted, accepted if first == held else 0)
+
+    def _settle_unsent(self, context: Sequence[int]) -> None:
+        """What the copies found but not sent at the last step would have made of it: the context now holds
+        the tokens that step committed, and a copied token is kept exactly when it equals the committed one
+        (greedy or sampled: the exact rule keeps a point mass where the target's draw lands on it). So every
+        copy auto passes up is judged for free, and an estimate that ruled copying out learns when the
+        answer starts to copy, instead of waiting to drift back to its prior."""
+        at, unsent = self._unsent
+        self._unsent = (0, [])
+        committed = [int(t) for t in context[at:]] if at <= len(context) else []
+        for (source, _, kind, m), found in unsent:
+            n = min(len(found), len(committed))
+            held = next((j for j in range(n) if found[j] != committed[j]), n)
+            if n and source == "lookup":
+                self.lookup_acceptance[kind].observe(m, n, held)
+            elif n and self.history is not None:
+                self.history.acceptance(self._sampling).observe(m, n, held)
 
     def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
         # The curve is the service's to keep current (from every step, whoever guessed): auto keeps its
