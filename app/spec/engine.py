@@ -252,7 +252,7 @@ class Engine:
             answer.append("".join(released))
             step = Step(tuple(tokens), answer[-1], len(proposal.tokens), verdict.n_accepted,
                         t_verify - t_draft, t_end - t_verify, proposal.guesser, rollback_s, proposal.sync_s)
-            self.guesser.observe(step.drafted, step.accepted, step.draft_s, step.verify_s - rollback_s, rollback_s)
+            self.guesser.observe(step.drafted, step.accepted, step.draft_s)
             stats = stats.add_step(step)
             yield step
             if reason in ("eog", "stop"):

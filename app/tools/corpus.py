@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from specchat.errors import SpecchatError
-from specchat.spec.guessers import AutoGuesser, BaseGuesser, Proposal
+from specchat.spec.guessers import AutoGuesser, BaseGuesser, Guesser, Proposal
 from specchat.spec.policy import PRIORS, CostCurve, Priors
 from specchat.spec.sampling import SamplingConfig
 from specchat.tools.replay import accepted
@@ -41,7 +41,8 @@ def fold(prompt: str) -> str:
 @dataclass(frozen=True)
 class Answer:
     """One recorded answer: the prompt's tokens, the target's answer, and per answer position the draft's
-    greedy guess and its probability (empty where no draft was recorded)."""
+    greedy guess and its probability (empty where no draft was recorded) and the target's probability of its
+    most likely token there, at T = 1 (its confidence; empty where not recorded)."""
 
     task: str
     fold: str
@@ -50,6 +51,7 @@ class Answer:
     answer: tuple[int, ...]
     draft_guess: tuple[int, ...] = ()
     draft_p: tuple[float, ...] = ()
+    target_p: tuple[float, ...] = ()
 
     @property
     def seq(self) -> list[int]:
@@ -58,7 +60,8 @@ class Answer:
     def to_json(self) -> str:
         return json.dumps({"task": self.task, "fold": self.fold, "temperature": self.temperature,
                            "prompt": self.prompt, "answer": self.answer, "draft_guess": self.draft_guess,
-                           "draft_p": [round(p, 4) for p in self.draft_p]})
+                           "draft_p": [round(p, 4) for p in self.draft_p],
+                           "target_p": [round(p, 4) for p in self.target_p]})
 
 
 def load_answers(path: Path) -> list[Answer]:
@@ -71,14 +74,16 @@ def load_answers(path: Path) -> list[Answer]:
         try:
             d = json.loads(line)
             answers.append(Answer(d["task"], d["fold"], float(d["temperature"]), tuple(d["prompt"]),
-                                  tuple(d["answer"]), tuple(d.get("draft_guess", ())), tuple(d.get("draft_p", ()))))
+                                  tuple(d["answer"]), tuple(d.get("draft_guess", ())), tuple(d.get("draft_p", ())),
+                                  tuple(d.get("target_p", ()))))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise SpecchatError(f"{path}:{n}: not a recorded answer ({e}); record again with bench/corpus record")
     return answers
 
 
 def draft_guesses(model, prompt: Sequence[int], answer: Sequence[int]) -> tuple[list[int], list[float]]:  # type: ignore[no-untyped-def]
-    """The model's greedy guess at every answer position given the true text before it, and its probability."""
+    """The model's greedy guess at every answer position given the true text before it, and its probability
+    (for the target, the second is its confidence at each position)."""
     session = model.session
     session.prefill(list(prompt))
     logits = np.asarray(session.decode([prompt[-1], *answer[:-1]], "all"), dtype=np.float64)
@@ -121,7 +126,7 @@ def auto_for(answer: Answer, curve: CostCurve, priors: Priors | None = None) -> 
     return AutoGuesser(curve, drafters, priors=PRIORS if priors is None else {True: priors, False: priors})
 
 
-def replay(answer: Answer, curve: CostCurve, guesser: AutoGuesser) -> tuple[float, int]:
+def replay(answer: Answer, curve: CostCurve, guesser: Guesser) -> tuple[float, int]:
     """Seconds the answer takes under the guesser's choices, every step costed by the curve, and steps.
     The guesser learns as it would live; under a seed, so its account is by the curve too."""
     seq, start = answer.seq, len(answer.prompt)
@@ -134,7 +139,7 @@ def replay(answer: Answer, curve: CostCurve, guesser: AutoGuesser) -> tuple[floa
         r = accepted(guess.tokens, seq, i)
         drafting = len(guess.tokens) * curve.token_s(guess.guesser) if guess.guesser in ("draft", "mtp") else 0.0
         step = curve.spent_s(len(guess.tokens), r, drafting)
-        guesser.observe(len(guess.tokens), r, drafting, step - drafting)
+        guesser.observe(len(guess.tokens), r, drafting)
         seconds += step
         i += r + 1
         steps += 1

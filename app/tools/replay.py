@@ -79,7 +79,7 @@ def modelled_seconds(seq: Sequence[int], start: int, guesser: Guesser, curve: Co
         guess = guesser.propose(seq[:i], min(guesser.default_draft_length, len(seq) - i - 1), greedy, rng)
         r = accepted(guess.tokens, seq, i)
         step = float(curve.verify(len(guess.tokens) + 1))
-        guesser.observe(len(guess.tokens), r, 0.0, step)
+        guesser.observe(len(guess.tokens), r, 0.0)
         seconds += step
         i += r + 1
     return seconds

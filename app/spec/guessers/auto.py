@@ -266,7 +266,7 @@ class AutoGuesser(BaseGuesser):
             elif n and self.history is not None:
                 self.history.acceptance(self._sampling).observe(m, n, held)
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float) -> None:
         # The curve is the service's to keep current (from every step, whoever guessed): auto keeps its
         # account and learns acceptance here. The account prices the verification by the curve (a plain
         # step's own time varies more than any guess gains) and a drafter's work by its real time.

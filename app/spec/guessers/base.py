@@ -43,9 +43,10 @@ class Guesser(Protocol):
                 rng: np.random.Generator) -> Proposal:
         """Up to k tokens likely to follow context (which ends with the last committed token)."""
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
-        """What the step made of the last proposal, for guessers that learn: verify_s is the
-        verification alone, rollback_s what saving and restoring the state cost on top of it."""
+    def observe(self, drafted: int, accepted: int, draft_s: float) -> None:
+        """What the step made of the last proposal, for guessers that learn: how many of its tokens the
+        target kept, and what proposing them took (a drafter's real time; the service keeps the cost
+        curve, so a guesser needs no timing of the verification)."""
 
 
 class BaseGuesser:
@@ -57,7 +58,7 @@ class BaseGuesser:
     def prepare(self, context: Sequence[int]) -> None:
         pass
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, verify_s: float, rollback_s: float = 0.0) -> None:
+    def observe(self, drafted: int, accepted: int, draft_s: float) -> None:
         pass
 
 
