@@ -203,11 +203,12 @@ def _given(args: argparse.Namespace) -> ModelChoice:
                        args.draft_gpu_layers)
 
 
-def _choice(args: argparse.Namespace) -> ModelChoice:
-    """The models the command line names, with what it leaves open taken from the settings."""
+def _choice(args: argparse.Namespace, settings: Any = None) -> ModelChoice:
+    """The models the command line names, with what it leaves open taken from the settings (read here
+    unless the caller has read them: each read says the settings' problems again)."""
     from specchat.service.choices import model_choice
 
-    return model_choice(_given(args), _settings())
+    return model_choice(_given(args), _settings() if settings is None else settings)
 
 
 def _generation_config(args: argparse.Namespace, settings: Any = None):  # type: ignore[no-untyped-def]
@@ -284,7 +285,7 @@ def _generate(args: argparse.Namespace) -> int:
     settings = _settings()
     config = _generation_config(args, settings)
     guesser = args.guesser or settings.guesser
-    service = ChatService(load_pair(_choice(args), progress=_progress))
+    service = ChatService(load_pair(_choice(args, settings), progress=_progress))
     service.require(guesser)  # the draft guesser without its draft: one line saying why, nothing before it
     for warning in service.pair.warnings:
         print(f"specchat: warning: {warning}", file=sys.stderr)

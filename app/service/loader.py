@@ -1,7 +1,9 @@
-"""The one way from a model choice (a pair name, or paths) to loaded models and guessers.
+"""The one way from a model choice (a pair name, or paths) to loaded models: the target, and a draft
+model or the target's own MTP layers where there are any.
 
-The app, the CLI and every measuring tool load through `load_pair`, so a draft is always
-checked against its target the same way, and every guesser is built the same way.
+The app, the CLI and every measuring tool load through `load_pair`, so a draft is always checked
+against its target the same way. Guessers are built from the loaded pair by the registry
+(`specchat.spec.guessers.registry`).
 """
 
 from __future__ import annotations
