@@ -1,4 +1,5 @@
-"""The cost-aware controller: pure functions, and the auto guesser's choices on given costs."""
+"""Auto and its policy (specchat.spec.guessers.auto, specchat.spec.policy): the pure functions over a cost curve, and
+the auto guesser's choices on given costs."""
 
 from __future__ import annotations
 
