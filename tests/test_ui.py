@@ -207,6 +207,20 @@ async def test_invalid_settings_fall_back_with_a_message(tmp_path):
         assert len(app._settings_problems) == 2
 
 
+async def test_a_guesser_the_models_cannot_run_becomes_auto_and_says_so(tmp_path):
+    (tmp_path / "config.toml").write_text("guesser = 'draft'\n")
+    backend = FakeBackend()
+    backend.guessers = ["auto", "lookup", "history"]  # the pair's draft was left out
+    app = make_app(tmp_path, backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        assert app.settings.guesser == "auto"
+        said = [n.message for n in app._notifications]
+        assert any("the draft guesser cannot run" in m and "using auto" in m for m in said), said
+    assert "guesser = 'draft'" in (tmp_path / "config.toml").read_text() or \
+        'guesser = "draft"' in (tmp_path / "config.toml").read_text()  # the saved choice stays the user's
+
+
 async def test_another_pair_closes_the_old_backend_and_loads_a_new_one(tmp_path):
     made: list[tuple[ModelChoice, FakeBackend]] = []
 

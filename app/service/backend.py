@@ -33,6 +33,8 @@ class Chunk:
     seconds: float  # since the chunk before (or since the first, for the first)
 
 
+# What a backend streams: the engine's events, notices about the answer, and a server's text. The UI takes
+# all three from here, whichever backend it has.
 BackendEvent = Union[Event, Notice, Chunk]
 
 

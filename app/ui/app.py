@@ -169,6 +169,10 @@ class SpecchatApp(App[None]):
         backend = self.backend = message.backend
         self.ready = True
         if self.settings.guesser not in backend.guessers:  # e.g. draft, on a pair whose draft was left out
+            # The CLI and the server refuse such a request; the app, which the user cannot resend, goes on with
+            # auto for this session and says so (the saved setting stays theirs).
+            self.notify(f"the {self.settings.guesser} guesser cannot run on {backend.name}; using auto "
+                        "(choose another in Settings)", severity="warning", timeout=20)
             self.settings = replace(self.settings, guesser="auto")
         self.chat.query_one("#progress").display = False
         for warning in backend.warnings:  # e.g. the draft failed to load: lookup and plain decoding still work

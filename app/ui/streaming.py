@@ -20,8 +20,7 @@ from textual.message import Message
 from textual.message_pump import MessagePump
 
 from specchat.errors import SpecchatError
-from specchat.service.backend import BackendEvent, Chunk
-from specchat.service.chat import Notice
+from specchat.service.backend import BackendEvent, Chunk, Notice
 from specchat.spec.engine import Done, Prefill, Step
 from specchat.store.files import log_path
 
