@@ -277,18 +277,17 @@ def _chat(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from specchat.llama.template import Message
-    from specchat.service.chat import ChatService, Notice
+    from specchat.service.chat import Notice
     from specchat.service.conversation import against_plain
-    from specchat.service.loader import load_pair
+    from specchat.service.local import open_local
     from specchat.spec.engine import Done, Step
 
     settings = _settings()
     config = _generation_config(args, settings)
     guesser = args.guesser or settings.guesser
-    service = ChatService(load_pair(_choice(args, settings), progress=_progress))
-    service.require(guesser)  # the draft guesser without its draft: one line saying why, nothing before it
-    for warning in service.pair.warnings:
-        print(f"specchat: warning: {warning}", file=sys.stderr)
+    # The draft guesser without its draft: one line saying why, and nothing before it.
+    service = open_local(_choice(args, settings), _progress, guesser=guesser,
+                         warn=lambda line: print(f"specchat: warning: {line}", file=sys.stderr))
     if args.raw:
         events = service.complete(args.prompt, config, guesser)
     else:

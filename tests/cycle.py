@@ -28,7 +28,8 @@ import tiny_gguf  # noqa: E402
 from specchat.errors import SpecchatError  # noqa: E402
 from specchat.llama import mtp  # noqa: E402
 from specchat.service.choices import ModelChoice  # noqa: E402
-from specchat.service.loader import LoadedPair, load_pair  # noqa: E402
+from specchat.service.loader import load_pair  # noqa: E402
+from specchat.service.pair import LoadedPair  # noqa: E402
 from specchat.spec.engine import Engine, GenerationConfig, final  # noqa: E402
 from specchat.spec.guessers import build, drafting  # noqa: E402
 from specchat.spec.sampling import SamplingConfig  # noqa: E402
@@ -97,7 +98,8 @@ def acceptance(pair: LoadedPair, guesser: str, max_tokens: int = 40) -> tuple[in
     target = pair.target
     target.session.clear()
     config = GenerationConfig(SamplingConfig(seed=0), max_tokens=max_tokens, draft_length=3)
-    done = final(Engine(target, build(guesser, pair)).generate(target.tokenize(PROMPT, add_bos=False), config))
+    guessing = build(guesser, pair.inputs())
+    done = final(Engine(target, guessing).generate(target.tokenize(PROMPT, add_bos=False), config))
     assert len(done.token_ids) == max_tokens
     return done.stats.drafted, done.stats.accepted
 

@@ -224,8 +224,8 @@ def test_prompt_longer_than_context_is_a_clear_error(smol_path):
 
 
 def _backend(smol_path, n_ctx: int):
-    from specchat.service.backend import LocalBackend
     from specchat.service.choices import ModelChoice
+    from specchat.service.local import LocalBackend
 
     backend = LocalBackend(ModelChoice(target=smol_path, draft=smol_path, n_ctx=n_ctx))
     backend.load(lambda what, done, total: None)
@@ -283,8 +283,8 @@ def test_pieces_longer_than_the_buffer_come_back_whole(smol):
 
 
 def test_a_closed_backend_answers_nothing_and_says_so(smol_path, tmp_path, monkeypatch):
-    from specchat.service.backend import LocalBackend
     from specchat.service.choices import ModelChoice
+    from specchat.service.local import LocalBackend
 
     with pytest.raises(SpecchatError, match="the models are not loaded yet"):
         list(LocalBackend(ModelChoice()).chat([Message("user", "hi")], GenerationConfig(), "none", threading.Event()))

@@ -127,7 +127,7 @@ def test_a_gemma4_assistant_given_as_the_draft_becomes_the_targets_mtp_head(file
         assert target.n_swa > 0 and target.memory is Memory.TRIM
         prompt = target.tokenize(TEXT * 2, add_bos=True)
         for name in ("mtp", "lookup"):
-            greedy_as_plain(target, files["gemma4"], prompt, lambda: build(name, pair), draft_length=3)
+            greedy_as_plain(target, files["gemma4"], prompt, lambda: build(name, pair.inputs()), draft_length=3)
     finally:
         pair.close()
 
@@ -145,7 +145,7 @@ def test_greedy_speculative_output_equals_plain_decoding(files, arch, drafting):
         prompt = target.tokenize(TEXT * 2, add_bos=True)
         names = ["lookup", "draft"] + (["mtp"] if pair.mtp is not None else [])
         for name in names:
-            greedy_as_plain(target, files[arch], prompt, lambda: build(name, pair), draft_length=3)
+            greedy_as_plain(target, files[arch], prompt, lambda: build(name, pair.inputs()), draft_length=3)
         greedy_as_plain(target, files[arch], prompt, lambda: AutoGuesser(
             FLAT.copy(), {"draft": DraftGuesser(pair.draft), **({"mtp": MtpGuesser(pair.mtp)} if pair.mtp is not None else {})},
             piece=target.piece))
@@ -230,7 +230,7 @@ def test_sampled_first_tokens_follow_the_targets_distribution(files, arch):
         joint = exact_joint(files[arch], prompt, 2)
         names = ["lookup"] + (["draft"] if pair.draft is not None else []) + (["mtp"] if pair.mtp is not None else [])
         for name in names:
-            answers, guesser, rejected = [], build(name, pair), 0
+            answers, guesser, rejected = [], build(name, pair.inputs()), 0
             for seed in range(2000):
                 config = GenerationConfig(SamplingConfig(1.0, seed=seed), max_tokens=2, draft_length=2)
                 done = final(Engine(target, guesser).generate(prompt, config))
@@ -286,7 +286,7 @@ def test_mtp_drafts_of_two_tokens_leave_the_first_three_tokens_exactly_the_targe
         prompt = pair.target.tokenize(" et\n et", add_bos=False)
         joint = exact_joint(target, prompt, 3)
         answers, rejections, bonus = [], 0, 0
-        guesser = build("mtp", pair)
+        guesser = build("mtp", pair.inputs())
         for seed in range(3000):
             config = GenerationConfig(SamplingConfig(1.0, seed=seed), max_tokens=3, draft_length=2)
             done = final(Engine(pair.target, guesser).generate(prompt, config))
@@ -370,7 +370,7 @@ def test_a_state_that_can_be_neither_cut_nor_saved_decodes_plainly_and_says_so(f
         assert "can neither cut nor save" in warning and "decodes plainly" in warning and "\n" not in warning
         assert ChatService(pair).guessers == ["auto", "none"]
         with pytest.raises(SpecchatError, match="the lookup guesser cannot run: .*can neither cut nor save"):
-            build("lookup", pair)
+            build("lookup", pair.inputs())
         done = final(ChatService(pair).chat([Message("user", "Hello")], GenerationConfig(max_tokens=8), "auto"))
         assert done.stats.n_tokens > 0 and done.stats.drafted == 0
     finally:
@@ -403,7 +403,7 @@ def test_an_mtp_head_that_cannot_be_made_leaves_the_target_running(files, monkey
         assert pair.mtp is None and "mtp" not in ChatService(pair).guessers
         assert "lookup" in ChatService(pair).guessers
         with pytest.raises(SpecchatError, match="the mtp guesser cannot run: no MTP drafting"):
-            build("mtp", pair)
+            build("mtp", pair.inputs())
     finally:
         pair.close()
 

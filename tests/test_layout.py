@@ -208,15 +208,34 @@ def _stack_modules(frame) -> list[str]:
     return found[::-1]
 
 
+def _upward(frame) -> str | None:
+    """The call that this frame's function received, if it came from a layer that may not use the callee's:
+    spec calling a service method, say. A callback the upper layer handed down (a lambda or a nested
+    function: progress lines, auto's early stop) is the upper layer's own choice, and passes."""
+    callee = layer_of(frame.f_globals.get("__name__", ""))
+    if callee is None or "<lambda>" in frame.f_code.co_qualname or "<locals>" in frame.f_code.co_qualname:
+        return None
+    caller = frame.f_back
+    while caller is not None and not caller.f_globals.get("__name__", "").startswith("specchat."):
+        caller = caller.f_back
+    layer = layer_of(caller.f_globals["__name__"]) if caller is not None else None
+    if layer in (None, callee) or callee in ALLOWED[layer]:
+        return None
+    return f"{caller.f_globals['__name__']}.{caller.f_code.co_qualname} -> " \
+           f"{frame.f_globals['__name__']}.{frame.f_code.co_qualname}"
+
+
 @pytest.mark.real
-def test_the_walk_from_pair_to_the_engine_enters_each_module_once(smol_path, capsys):
+def test_the_walk_from_pair_to_the_engine_goes_down_and_enters_each_module_once(smol_path, capsys):
     """A real `specchat generate --pair`, traced: at every call into specchat, no module is on the stack
-    twice. A layer that calls back into the one above it (a loader entered again from below, a service
-    that the engine calls) would show here."""
+    twice, and no call goes up a layer (building auto once measured the cost curve from inside spec, through
+    the pair's methods in the service's loader: both checks now catch that). Neither would show in the
+    imports, which may be lazy or typed."""
     from specchat import cli
 
     seen: set[str] = set()
     twice: list[list[str]] = []
+    upward: list[str] = []
 
     def profile(frame, event, arg) -> None:
         if event != "call" or not frame.f_globals.get("__name__", "").startswith("specchat."):
@@ -225,6 +244,9 @@ def test_the_walk_from_pair_to_the_engine_enters_each_module_once(smol_path, cap
         seen.update(stack)
         if len(set(stack)) < len(stack) and len(twice) < 5:
             twice.append(stack)
+        up = _upward(frame)
+        if up is not None and len(upward) < 5:
+            upward.append(up)
 
     sys.setprofile(profile)
     try:
@@ -233,8 +255,9 @@ def test_the_walk_from_pair_to_the_engine_enters_each_module_once(smol_path, cap
         sys.setprofile(None)
     assert code == 0, capsys.readouterr().err
     assert twice == [], "a module entered twice on one call stack:\n" + "\n".join(" -> ".join(s) for s in twice)
-    walk = {"specchat.cli", "specchat.service.choices", "specchat.service.loader", "specchat.models.catalog",
-            "specchat.models.fetch", "specchat.llama.model", "specchat.llama.vocab", "specchat.service.chat",
-            "specchat.llama.template", "specchat.spec.guessers.registry", "specchat.spec.guessers.auto",
-            "specchat.spec.engine"}
+    assert upward == [], "calls that go up a layer:\n" + "\n".join(upward)
+    walk = {"specchat.cli", "specchat.service.choices", "specchat.service.local", "specchat.service.loader",
+            "specchat.service.pair", "specchat.models.catalog", "specchat.models.fetch", "specchat.llama.model",
+            "specchat.llama.vocab", "specchat.service.chat", "specchat.llama.template",
+            "specchat.spec.guessers.registry", "specchat.spec.guessers.auto", "specchat.spec.engine"}
     assert walk <= seen, f"the trace missed {sorted(walk - seen)}"

@@ -3,39 +3,54 @@
 from __future__ import annotations
 
 import argparse
+from types import SimpleNamespace
 
 import pytest
 
 from specchat import cli
 from specchat.errors import SpecchatError
 from specchat.server.api import ChatRequest
-from specchat.spec.guessers import GUESSERS, REGISTRY, DraftGuesser, NoGuesser, available, build, unavailable
+from specchat.spec.guessers import (
+    GUESSERS,
+    REGISTRY,
+    AutoGuesser,
+    DraftGuesser,
+    Inputs,
+    NoGuesser,
+    available,
+    build,
+    unavailable,
+)
+from specchat.spec.policy import CostCurve
 from specchat.store.settings import Settings
 
 
-class Pair:
-    """What a factory builds from, without models: a draft (or none) and why it is missing."""
-
-    def __init__(self, draft: object | None = None, warnings: list[str] | None = None, rewinds: bool = True) -> None:
-        self.target, self.draft, self.mtp, self.warnings, self.rewinds = object(), draft, None, warnings or [], rewinds
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        return frozenset({"rewind"} if self.rewinds else ()) | frozenset(
-            {"draft"} if self.draft is not None and self.rewinds else ())
-
-    def curve(self):  # not needed by the guessers built here
-        raise AssertionError("the curve was not asked for")
+def inputs(draft: object | None = None, warnings: tuple[str, ...] = (), rewinds: bool = True, **more) -> Inputs:
+    """What the service would build guessers from, without models: a draft (or none) and why it is missing."""
+    capabilities = frozenset({"rewind"} if rewinds else ()) | frozenset({"draft"} if draft is not None and rewinds else ())
+    target = SimpleNamespace(piece=lambda token: b"", tree_branches=1)
+    return Inputs(target, draft, None, capabilities, warnings=warnings, **more)  # type: ignore[arg-type]
 
 
 def test_what_runs_depends_on_what_the_pair_has():
     assert GUESSERS == ("auto", "none", "lookup", "draft", "mtp", "history")
-    assert available(Pair(draft=object()).capabilities) == ["auto", "none", "lookup", "draft"]
-    assert available(Pair().capabilities) == ["auto", "none", "lookup"]
-    assert available(Pair(draft=object(), rewinds=False).capabilities) == ["auto", "none"]
-    assert isinstance(build("none", Pair()), NoGuesser)
-    assert isinstance(build("draft", Pair(draft=object())), DraftGuesser)
-    assert isinstance(build("auto", Pair(rewinds=False)), NoGuesser)  # nothing could be taken back
+    assert available(inputs(draft=object()).capabilities) == ["auto", "none", "lookup", "draft"]
+    assert available(inputs().capabilities) == ["auto", "none", "lookup"]
+    assert available(inputs(draft=object(), rewinds=False).capabilities) == ["auto", "none"]
+    assert isinstance(build("none", inputs()), NoGuesser)
+    assert isinstance(build("draft", inputs(draft=object())), DraftGuesser)
+    assert isinstance(build("auto", inputs(rewinds=False)), NoGuesser)  # nothing could be taken back
+
+
+def test_auto_is_built_from_the_curve_it_is_given_and_measures_nothing():
+    # Building a guesser reaches nothing above spec: auto takes the live curve the service measured, the
+    # same object (which the service keeps current), and without one it is a one-line error, not a measurement.
+    curve = CostCurve([0.02, 0.03, 0.04])
+    auto = build("auto", inputs(curve=curve))
+    assert isinstance(auto, AutoGuesser) and auto.curve is curve
+    assert REGISTRY["auto"].costs and not any(entry.costs for name, entry in REGISTRY.items() if name != "auto")
+    with pytest.raises(SpecchatError, match="auto needs this machine's cost curve"):
+        build("auto", inputs())
 
 
 def test_a_guesser_that_cannot_run_says_why_in_one_line():
@@ -43,7 +58,7 @@ def test_a_guesser_that_cannot_run_says_why_in_one_line():
                                                 "--pair that has one")
     left_out = "no draft model: it would not fit in memory"
     with pytest.raises(SpecchatError, match=f"the draft guesser cannot run: {left_out} \\(choose another guesser\\)"):
-        build("draft", Pair(warnings=[left_out]))
+        build("draft", inputs(warnings=(left_out,)))
     assert unavailable("psychic", ()) == "unknown guesser 'psychic'; choose one of auto, none, lookup, draft, mtp, history"
     assert unavailable("lookup", {"rewind"}) is None
     assert unavailable("mtp", {"rewind"}).startswith("the mtp guesser needs MTP layers: a model that has them")

@@ -17,8 +17,9 @@ from test_ui import answered, send, until
 from specchat import cli
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
-from specchat.service.backend import Chunk, open_backend
+from specchat.service.backend import Chunk
 from specchat.service.choices import RemoteChoice
+from specchat.service.local import open_backend
 from specchat.service.remote import (
     ACCEPTED_TOKENS,
     DRAFT_TOKENS,

@@ -19,9 +19,8 @@ from specchat.models.catalog import load_catalog
 from specchat.models.fetch import Progress
 from specchat.server.app import create_app
 from specchat.server.worker import Worker
-from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
-from specchat.service.loader import load_pair
+from specchat.service.local import open_local
 from specchat.store.settings import API_KEY_ENV, resolve_api_key
 
 GRACE_S = 3  # how long open requests get to end once the server is told to stop
@@ -40,18 +39,11 @@ def serve(choice: ModelChoice, host: str, port: int, api_key: str | None, max_wa
                             f"{API_KEY_ENV}), or listen on 127.0.0.1")
     sock = bind(host, port)
     try:
-        pair = load_pair(choice, progress)
+        service = open_local(choice, progress, warn=lambda line: print(f"specchat: warning: {line}", file=sys.stderr))
     except BaseException:
         sock.close()
         raise
-    for warning in pair.warnings:
-        print(f"specchat: warning: {warning}", file=sys.stderr)
-    if progress is not None:
-        progress("measuring this machine's decode costs (first run only)", 0, 1)
-    pair.curve()  # auto's cost curve: measured once per machine and cached, now rather than in the first request
-    if progress is not None:
-        progress("measuring this machine's decode costs (first run only)", 1, 1)
-    service, model_id = ChatService(pair), _model_id(choice)
+    pair, model_id = service.pair, _model_id(choice)
     worker = Worker(max_waiting)
     logging.basicConfig(level=logging.WARNING, format="specchat: %(levelname)s: %(message)s")
     server = _Server(uvicorn.Config(create_app(service, model_id, worker, api_key), log_level="warning",

@@ -4,7 +4,8 @@ A backend streams what it knows. The local one yields the engine's own events: a
 target step (its tokens and their provenance), and a Done whose figures are the engine's. A remote
 one knows only the text as it arrives (a Chunk each) and whatever figures the server reports, which
 its Done carries, saying where they come from. The UI draws whatever arrives and never asks which
-backend it has. Both are made by `open_backend`; tests give the app a scripted fake instead.
+backend it has. Both are made by `open_backend` (`specchat.service.local`); tests give the app a scripted
+fake instead.
 """
 
 from __future__ import annotations
@@ -13,16 +14,11 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence, Union
 
-from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.models.fetch import Progress
-from specchat.service.chat import ChatService, Notice
+from specchat.service.chat import Notice
 from specchat.service.choices import ModelChoice, RemoteChoice
-from specchat.service.history import History
-from specchat.service.loader import load_pair
 from specchat.spec.engine import Event, GenerationConfig
-from specchat.spec.guessers import available
-from specchat.store.conversations import Store
 
 
 @dataclass(frozen=True)
@@ -67,79 +63,3 @@ class Backend(Protocol):
 
 
 BackendFactory = Callable[[Union[ModelChoice, RemoteChoice]], Backend]
-
-
-def open_backend(choice: ModelChoice | RemoteChoice, store: Store | None = None) -> Backend:
-    """The backend for a choice: this machine's models (copying from the store's conversations, if
-    given), or a server (`specchat[remote]`)."""
-    if isinstance(choice, RemoteChoice):
-        from specchat.service.remote import RemoteBackend
-
-        return RemoteBackend(choice)
-    return LocalBackend(choice, store)
-
-
-class LocalBackend:
-    """This machine's models: a loaded pair behind the conversation service."""
-
-    server = None
-
-    def __init__(self, choice: ModelChoice, store: Store | None = None) -> None:
-        self.choice, self.store = choice, store
-        self.name = "loading…"
-        self.warnings: list[str] = []
-        self.guessers: list[str] = []
-        self._service: ChatService | None = None
-        self._closed = False
-        # Held for the whole of a generation: close() waits for it, so models are never freed
-        # under a running generation and two generations never share the engine.
-        self._busy = threading.Lock()
-
-    def load(self, progress: Progress) -> None:
-        progress("loading models", 0, 1)
-        pair = load_pair(self.choice, progress)
-        self.name, self.warnings = pair.name, pair.warnings
-        progress("measuring this machine's decode costs (first run only)", 0, 1)
-        pair.curve(waiting=lambda line: progress(line, 0, 1))
-        history = None
-        if self.store is not None:
-            progress("reading your conversations for the history guesser", 0, 1)
-            history = History.of(self.store, pair.target)
-        self._service = ChatService(pair, history)
-        self.guessers = available(pair.capabilities)
-        progress("ready", 1, 1)
-
-    @property
-    def service(self) -> ChatService:
-        if self._service is None:
-            raise SpecchatError("the models are closed" if self._closed else "the models are not loaded yet")
-        return self._service
-
-    @property
-    def n_ctx(self) -> int:
-        return self.service.n_ctx
-
-    def baseline(self) -> Baseline:
-        """Plain decoding now: the live curve's one position, which real steps keep current."""
-        if self._service is None or self._service.pair.costs.calibration is None:
-            return Baseline(None, "not measured yet")
-        costs = self._service.pair.costs
-        one = float(costs.curve.verify(1))
-        learned = len(costs.learned.verify.get(1, ()))
-        return Baseline(1 / one, f"one plain step on this machine now, {1000 * one:.0f} ms"
-                        + (f" (from its last {learned} plain steps)" if learned >= 3 else " (as measured)"))
-
-    def count_tokens(self, text: str) -> int:
-        return self.service.count_tokens(text)
-
-    def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-             cancel: threading.Event) -> Iterator[BackendEvent]:
-        with self._busy:
-            yield from self.service.chat(messages, config, guesser, cancel)
-
-    def close(self) -> None:
-        with self._busy:
-            if self._service is not None:
-                self._service.close()
-            self._service, self._closed = None, True
-

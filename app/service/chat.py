@@ -16,9 +16,9 @@ from specchat.errors import SpecchatError
 from specchat.llama.template import ChatPrompter, Message
 from specchat.service.costs import machine_turns
 from specchat.service.history import History
-from specchat.service.loader import LoadedPair
+from specchat.service.pair import LoadedPair
 from specchat.spec.engine import Done, Engine, Event, GenerationConfig, Stats, Step
-from specchat.spec.guessers import Guesser, available, build, unavailable
+from specchat.spec.guessers import REGISTRY, Guesser, Inputs, available, build, unavailable
 
 # Room kept for the answer when old turns must go: the max-tokens setting, up to this much.
 ANSWER_ROOM = 256
@@ -42,7 +42,6 @@ class ChatService:
         self.pair, self.target = pair, pair.target
         # The app's conversations, for the history guesser and auto to copy from (a server has none).
         self.history = history
-        pair.history = history.index if history is not None else None
         self.engine = Engine(pair.target)
         self._prompter: ChatPrompter | None = None
         self._guessers: dict[str, Guesser] = {}
@@ -52,13 +51,17 @@ class ChatService:
     def n_ctx(self) -> int:
         return self.target.n_ctx
 
+    def inputs(self, costs: bool = False) -> Inputs:
+        """What the guessers are built from: the pair, and the conversations to copy from if there are any."""
+        return self.pair.inputs(self.history.index if self.history is not None else None, costs)
+
     @property
     def guessers(self) -> list[str]:
-        return available(self.pair.capabilities)
+        return available(self.inputs().capabilities)
 
     def require(self, guesser: str) -> None:
         """A one-line error now if this guesser cannot run on the pair (before anything else is said)."""
-        why = unavailable(guesser, self.pair.capabilities, self.pair.warnings)
+        why = unavailable(guesser, self.inputs().capabilities, self.pair.warnings)
         if why is not None:
             raise SpecchatError(why)
 
@@ -163,7 +166,8 @@ class ChatService:
         if not continued:
             self._guessers.clear()
         if name not in self._guessers:
-            self._guessers[name] = build(name, self.pair)
+            entry = REGISTRY.get(name)
+            self._guessers[name] = build(name, self.inputs(costs=entry is not None and entry.costs))
         return self._guessers[name]
 
     def close(self) -> None:

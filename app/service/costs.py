@@ -49,16 +49,19 @@ class PairCosts:
 
     # --- the calibration -------------------------------------------------------------------
 
-    def ensure(self, fresh: bool = False, turns: Turns | None = None,
-               waiting: Callable[[str], None] | None = None) -> CostCurve:
+    def ensure(self, fresh: bool = False, turns: Turns | None = None, waiting: Callable[[str], None] | None = None,
+               measuring: Callable[[], None] | None = None) -> CostCurve:
         """The live curve, from the cache or measured now: when there is none, when the cached one
-        failed its checks (tried again), or when `fresh` (a benchmark judges against today's)."""
+        failed its checks (tried again), or when `fresh` (a benchmark judges against today's).
+        `measuring` hears it when a measurement begins (a cached curve takes no time to say)."""
         entry = read_cache(cache_file(COSTS)).get(self.key) or {}
         if self.calibration is None or fresh:
             self.calibration = None if fresh else _calibration(entry.get("calibration"))
             self.learned = StepTimes() if fresh else StepTimes.from_json(entry.get("learned") or {})
             if self.calibration is None or not self.calibration.trusted:
                 # Measured with the machine to itself: another specchat's answer would poison it.
+                if measuring is not None:
+                    measuring()
                 with (turns or machine_turns()).turn(waiting):
                     self.calibration = measure_curve(self.target, self.draft, self.mtp)
                 self.learned = StepTimes()  # what was learned on top of another calibration

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Callable
 
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
@@ -20,9 +19,7 @@ from specchat.llama.vocab import VocabFile, check_compatible
 from specchat.models.catalog import Catalog, load_catalog
 from specchat.models.fetch import Progress, resolve
 from specchat.service.choices import ModelChoice
-from specchat.service.costs import PairCosts
-from specchat.spec.history import HistoryIndex
-from specchat.spec.policy import CostCurve
+from specchat.service.pair import LoadedPair
 
 DEFAULT_CONTEXT = 4096
 
@@ -51,43 +48,6 @@ def model_paths(choice: ModelChoice, catalog: Catalog | None = None,
         return target, resolve(catalog.model(pair.draft), choice.fetch, progress, choice.offline), []
     except SpecchatError as e:
         return target, None, [left_out(str(e))]
-
-
-class LoadedPair:
-    """A loaded target, its checked draft (if any), its MTP head (if it has one), and what they can do."""
-
-    def __init__(self, target: Model, draft: Model | None, mtp: MtpHead | None = None,
-                 rewinds: bool = True) -> None:
-        self.target, self.draft, self.mtp = target, draft, mtp
-        self.rewinds = rewinds  # the target's cache can take back a rejected guess
-        self.warnings: list[str] = []  # why something the choice named was left out
-        self.costs = PairCosts(target, draft, mtp)
-        self.history: HistoryIndex | None = None  # the user's past conversations, where a front end has them
-
-    @property
-    def name(self) -> str:
-        return self.target.name + (f" + {self.draft.name}" if self.draft is not None else "")
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        """What guessers may need that this pair has (spec.guessers.NEEDS)."""
-        has = {"rewind": self.rewinds, "draft": self.draft is not None, "mtp": self.mtp is not None,
-               "history": self.history is not None}
-        return frozenset(need for need, there in has.items() if there and (need == "rewind" or self.rewinds))
-
-    def curve(self, fresh: bool = False, waiting: Callable[[str], None] | None = None) -> CostCurve:
-        """This machine's decode cost curve for the pair, live (`PairCosts`): from the cache, or measured
-        now on first use, or when `fresh` (a machine's speed drifts, and a benchmark should judge against
-        today's). `waiting` hears it if another specchat's answer must end first."""
-        return self.costs.ensure(fresh, waiting=waiting)
-
-    def close(self) -> None:
-        """Free the models now, rather than whenever the garbage collector gets to them."""
-        if self.mtp is not None:
-            self.mtp.close()
-        for model in (self.draft, self.target):
-            if model is not None:
-                model.close()
 
 
 def load_pair(choice: ModelChoice, progress: Progress | None = None, catalog: Catalog | None = None) -> LoadedPair:

@@ -15,9 +15,8 @@ from collections import defaultdict
 
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
-from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
-from specchat.service.loader import load_pair
+from specchat.service.local import open_local
 from specchat.spec.engine import GenerationConfig, Stats, final
 from specchat.spec.guessers import AutoGuesser, build
 from specchat.tools.promptsets import load_prompts
@@ -28,12 +27,12 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     if args.repeat < 1:
         raise SpecchatError(f"--repeat must be at least 1, got {args.repeat}")
     prompts = [item for path in args.prompts for item in load_prompts(path)]
-    service = ChatService(load_pair(choice))
-    target = service.target
     # Today's costs, measured now: a machine's speed drifts (a cached curve here once put 2
     # positions at 1.55 single steps; the same machine later took 1.9), and both auto and the
     # oracle bound judge by it. The bound keeps this measurement; auto starts from its own copy.
-    curve = service.pair.curve(fresh=True).copy()  # as measured: the live one learns from the runs below
+    service = open_local(choice, fresh_costs=True)
+    target = service.target
+    curve = service.pair.curve().copy()  # as measured: the live one learns from the runs below
     guessers = {"plain": "none", **{name: name for name in args.guesser}}
     oracle: dict[str, list[tuple[float, float, float]]] = defaultdict(list)  # task -> plain, oracle, auto s
     # runs[task][guesser][repeat] -> list of Stats over that task's prompts
@@ -65,7 +64,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
             pooled = [s for rep in reps for s in rep]
             total = Stats.total(pooled)
             k = config.draft_length if config.draft_length is not None else \
-                build(guessers[name], service.pair).default_draft_length
+                build(guessers[name], service.inputs(costs=True)).default_draft_length
             tps = [_tps(r) for r in reps]
             report[task][name] = {
                 "acceptance": total.acceptance,

@@ -20,7 +20,7 @@ from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
-from specchat.service.loader import load_pair
+from specchat.service.local import open_local
 from specchat.spec.engine import GenerationConfig, final
 from specchat.spec.policy import MATCH_BUCKETS, match_bucket
 from specchat.spec.sampling import SamplingConfig
@@ -42,7 +42,7 @@ def _answer(service: ChatService, text: str, max_tokens: int, sampling: Sampling
 
 
 def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
-    service = ChatService(load_pair(choice))
+    service = open_local(choice)
     target, draft = service.target, service.pair.draft
     if draft is None:
         raise SpecchatError("measure needs a draft model: use a --pair or pass --draft")

@@ -21,8 +21,9 @@ from textual.widgets import ProgressBar
 
 from specchat.errors import SpecchatError
 from specchat.models.catalog import Catalog, load_catalog
-from specchat.service.backend import Backend, BackendFactory, open_backend
+from specchat.service.backend import Backend, BackendFactory
 from specchat.service.choices import ModelChoice, RemoteChoice, where_to_chat
+from specchat.service.local import open_backend
 from specchat.store.conversations import Store
 from specchat.store.files import log_path
 from specchat.store.settings import Settings, load_settings, save_settings
@@ -170,9 +171,11 @@ class SpecchatApp(App[None]):
         self.ready = True
         if self.settings.guesser not in backend.guessers:  # e.g. draft, on a pair whose draft was left out
             # The CLI and the server refuse such a request; the app, which the user cannot resend, goes on with
-            # auto for this session and says so (the saved setting stays theirs).
-            self.notify(f"the {self.settings.guesser} guesser cannot run on {backend.name}; using auto "
-                        "(choose another in Settings)", severity="warning", timeout=20)
+            # auto for this session and says so, unless a warning below already says what was left out (the
+            # status line then names auto). The saved setting stays theirs.
+            if not backend.warnings:
+                self.notify(f"the {self.settings.guesser} guesser cannot run on {backend.name}; using auto "
+                            "(choose another in Settings)", severity="warning", timeout=20)
             self.settings = replace(self.settings, guesser="auto")
         self.chat.query_one("#progress").display = False
         for warning in backend.warnings:  # e.g. the draft failed to load: lookup and plain decoding still work

@@ -9,8 +9,8 @@ from specchat.spec.guessers.auto import AutoGuesser, Drafter
 from specchat.spec.guessers.base import BaseGuesser, Guesser, NoGuesser, Proposal
 from specchat.spec.guessers.copying import HistoryGuesser, LookupGuesser, lookup, lookup_match, matches
 from specchat.spec.guessers.drafting import DraftGuesser, MtpGuesser, draft_tokens
-from specchat.spec.guessers.registry import GUESSERS, NEEDS, REGISTRY, Entry, Pair, available, build, unavailable
+from specchat.spec.guessers.registry import GUESSERS, NEEDS, REGISTRY, Entry, Inputs, available, build, unavailable
 
 __all__ = ["AutoGuesser", "BaseGuesser", "DraftGuesser", "Drafter", "Entry", "GUESSERS", "Guesser", "HistoryGuesser",
-           "LookupGuesser", "MtpGuesser", "NEEDS", "NoGuesser", "Pair", "Proposal", "REGISTRY", "available", "build",
+           "Inputs", "LookupGuesser", "MtpGuesser", "NEEDS", "NoGuesser", "Proposal", "REGISTRY", "available", "build",
            "draft_tokens", "lookup", "lookup_match", "matches", "unavailable"]

@@ -1,9 +1,9 @@
-"""The registry: every guesser by name, what each needs of a pair, and how it is built."""
+"""The registry: every guesser by name, what each needs of the models, and how it is built."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Collection, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Sequence
 
 from specchat.errors import SpecchatError
 from specchat.spec.guessers.auto import AutoGuesser
@@ -18,20 +18,19 @@ if TYPE_CHECKING:
     from specchat.spec.history import HistoryIndex
 
 
-class Pair(Protocol):
-    """What a guesser is built from: a loaded target, its draft if any, and this machine's costs."""
+@dataclass(frozen=True)
+class Inputs:
+    """What guessers are built from, assembled by the service: the loaded models, what they can do, this
+    machine's live cost curve (None where nothing built from these weighs costs) and the user's past
+    conversations. Fixed inputs: building a guesser measures nothing and reaches nothing above `spec`."""
 
     target: Model
-    draft: Model | None
-    mtp: MtpHead | None  # the target's own MTP layers (or its assistant's), if it has them
-    history: HistoryIndex | None  # the user's past conversations in the target's tokens, where known
-    warnings: list[str]  # why something the user asked for was left out (a draft that failed to load)
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        """What the pair has that a guesser may need (see NEEDS)."""
-
-    def curve(self) -> CostCurve: ...
+    draft: Model | None = None
+    mtp: MtpHead | None = None  # the target's own MTP layers (or its assistant's), if it has them
+    capabilities: frozenset[str] = frozenset({"rewind"})  # what guessers may need that is there (see NEEDS)
+    curve: CostCurve | None = None  # one object, kept current from real steps by the service
+    history: HistoryIndex | None = None  # the user's past conversations in the target's tokens
+    warnings: tuple[str, ...] = ()  # why something the user asked for was left out (a draft that failed)
 
 
 # What a guesser may need, in the words that say so when a pair lacks it.
@@ -45,34 +44,37 @@ NEEDS = {"rewind": "a cache that can take back a rejected guess, which this mode
 @dataclass(frozen=True)
 class Entry:
     help: str
-    build: Callable[[Pair], Guesser]  # a new guesser, with state of its own, over the pair
+    build: Callable[[Inputs], Guesser]  # a new guesser, with state of its own, over the inputs
     needs: frozenset[str] = frozenset()
     # "draft": drafts token by token at the curve's cost per token of its name; auto weighs every such entry
     # the pair can run. "": auto does not use it as a drafter (it copies for itself, or it is auto).
     kind: str = ""
+    costs: bool = False  # it weighs this machine's costs: the service measures the curve before building it
 
 
-def _auto(pair: Pair) -> Guesser:
-    if "rewind" not in pair.capabilities:  # every guess would cost the whole conversation again
+def _auto(inputs: Inputs) -> Guesser:
+    if "rewind" not in inputs.capabilities:  # every guess would cost the whole conversation again
         return NoGuesser()
-    drafters = {name: entry.build(pair) for name, entry in REGISTRY.items()
-                if entry.kind == "draft" and entry.needs <= pair.capabilities}
-    # The pair's live curve, which the service keeps current from real steps.
-    return AutoGuesser(pair.curve(), drafters, piece=pair.target.piece,  # type: ignore[arg-type]
-                       history=pair.history, tree_branches=pair.target.tree_branches)
+    if inputs.curve is None:
+        raise SpecchatError("auto needs this machine's cost curve, and none was given (build it with the inputs "
+                            "of a service, which measures the curve first)")
+    drafters = {name: entry.build(inputs) for name, entry in REGISTRY.items()
+                if entry.kind == "draft" and entry.needs <= inputs.capabilities}
+    return AutoGuesser(inputs.curve, drafters, piece=inputs.target.piece,  # type: ignore[arg-type]
+                       history=inputs.history, tree_branches=inputs.target.tree_branches)
 
 
 # Every guesser by name, in the order the app cycles through them. A new guesser is its class and one
 # line here: the command line, the settings, Ctrl+G, the server and the loader all read this.
 REGISTRY: dict[str, Entry] = {
-    "auto": Entry("picks lookup, the draft or nothing at each step, by this machine's costs", _auto),
-    "none": Entry("plain decoding", lambda pair: NoGuesser()),
-    "lookup": Entry("copies from earlier text (prompt lookup)", lambda pair: LookupGuesser(), frozenset({"rewind"})),
-    "draft": Entry("the draft model guesses", lambda pair: DraftGuesser(pair.draft), frozenset({"rewind", "draft"}),
-                   "draft"),
-    "mtp": Entry("the target's own MTP layers guess", lambda pair: MtpGuesser(pair.mtp), frozenset({"rewind", "mtp"}),
-                 "draft"),
-    "history": Entry("copies what your past conversations said next", lambda pair: HistoryGuesser(pair.history),
+    "auto": Entry("picks lookup, the draft or nothing at each step, by this machine's costs", _auto, costs=True),
+    "none": Entry("plain decoding", lambda inputs: NoGuesser()),
+    "lookup": Entry("copies from earlier text (prompt lookup)", lambda inputs: LookupGuesser(), frozenset({"rewind"})),
+    "draft": Entry("the draft model guesses", lambda inputs: DraftGuesser(inputs.draft),
+                   frozenset({"rewind", "draft"}), "draft"),
+    "mtp": Entry("the target's own MTP layers guess", lambda inputs: MtpGuesser(inputs.mtp),
+                 frozenset({"rewind", "mtp"}), "draft"),
+    "history": Entry("copies what your past conversations said next", lambda inputs: HistoryGuesser(inputs.history),
                      frozenset({"rewind", "history"})),
 }
 GUESSERS = tuple(REGISTRY)
@@ -97,9 +99,9 @@ def unavailable(name: str, capabilities: Collection[str], warnings: Sequence[str
     return f"the {name} guesser needs " + "; and ".join(NEEDS[need] for need in lacking)
 
 
-def build(name: str, pair: Pair) -> Guesser:
-    """A new guesser of this name over the pair, or a one-line error saying why it cannot run."""
-    why = unavailable(name, pair.capabilities, pair.warnings)
+def build(name: str, inputs: Inputs) -> Guesser:
+    """A new guesser of this name over the inputs, or a one-line error saying why it cannot run."""
+    why = unavailable(name, inputs.capabilities, inputs.warnings)
     if why is not None:
         raise SpecchatError(why)
-    return REGISTRY[name].build(pair)
+    return REGISTRY[name].build(inputs)
