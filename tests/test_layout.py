@@ -104,6 +104,73 @@ def layout_problems() -> list[str]:
     return found
 
 
+def runtime_imports(path: Path, modules: set[str]) -> set[str]:
+    """The specchat modules a file imports when it runs, lazy imports included and imports for type
+    checking only left out (a module may name another's types without ever loading it)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                continue
+            if isinstance(child, ast.Import):
+                found.update(alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                base = "specchat" if child.module == "specchat" else child.module
+                found.update({base} - {"specchat"} | {f"{base}.{alias.name}" for alias in child.names})
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found & modules
+
+
+def cycles(package: Path) -> list[list[str]]:
+    """The groups of modules that import each other, directly or round a loop (Tarjan's components)."""
+    files = {module_name(path): path for path in package.rglob("*.py")}
+    graph = {m: runtime_imports(path, set(files)) - {m} for m, path in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_modules_import_each_other():
+    """A cycle, even through a lazy import, means two modules that are one role split in two (the model and
+    its MTP head shared private loading helpers; the backend protocol and the remote backend; two screens)."""
+    assert cycles(PACKAGE) == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_lazy_import(tmp_path, monkeypatch):
+    package = tmp_path / "app"
+    (package / "spec").mkdir(parents=True)
+    (package / "spec" / "a.py").write_text("from specchat.spec.b import x\n")
+    (package / "spec" / "b.py").write_text("def x():\n    from specchat.spec.a import y\n")
+    (package / "spec" / "c.py").write_text("from typing import TYPE_CHECKING\n"
+                                           "if TYPE_CHECKING:\n    from specchat.spec.a import y\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    assert cycles(package) == [["specchat.spec.a", "specchat.spec.b"]]  # c's typing-only import is no cycle
+
+
 def test_every_module_lives_in_a_layer_folder():
     assert layers() == set(ALLOWED)
     assert layout_problems() == []

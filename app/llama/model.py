@@ -6,123 +6,27 @@ every kind of memory llama.cpp has; `memory` says which kind this model's is.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import re
-import threading
 from pathlib import Path
-from typing import Iterator
 
 import llama_cpp
-from llama_cpp import _internals, _logger
+from llama_cpp import _internals
 
 from specchat.errors import SpecchatError
+from specchat.llama.loading import check_gguf, ensure_backend, extra_buffers, llama_errors, load_error
 from specchat.llama.mtp import ASSISTANTS
 from specchat.llama.session import Memory, Session
 
-GGUF_MAGIC = b"GGUF"
 _OFFLOAD_ALL_LAYERS = 999  # Metal and CUDA builds offload everything; CPU builds ignore it.
 # Snapshots of a recurrent state that llama.cpp keeps for stepping back (where the architecture allows
 # it): a verification of up to this many guesses is taken back with no copy. Each costs one more copy
 # of the recurrent state in memory, so a few; longer rewinds use checkpoints.
 ROLLBACK_SNAPSHOTS = 4
 TREE_BRANCHES = 4  # the most leaves a tree of guesses may have: llama.cpp sequences per context
-
-
-def _extra_buffers() -> bool:
-    """Whether llama.cpp may keep weights in its extra CPU layouts (AMX tiles, repacked blocks).
-
-    They speed up batched evaluation, but the AMX path of the llama.cpp that llama-cpp-python
-    0.3.36 vendors crashes the process (SIGSEGV in ggml_backend_amx_mul_mat) on every batch of two
-    or more tokens, seen on Xeon VMs that advertise AMX and grant it. So they stay off where the CPU
-    has AMX; SPECCHAT_EXTRA_BUFFERS=1 (or 0) decides otherwise."""
-    chosen = os.environ.get("SPECCHAT_EXTRA_BUFFERS", "")
-    if chosen in ("0", "1"):
-        return chosen == "1"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return not any(line.startswith("flags") and " amx_tile" in line for line in f)
-    except OSError:  # not Linux: no AMX to trip over
-        return True
-
-
-_backend_ready = False
-_GGML_LOG_LEVEL_ERROR = 4  # ggml.h of the vendored llama.cpp (llama-cpp-python's _logger comment is stale)
-# llama.cpp's own log is for debugging llama.cpp. llama-cpp-python's logger maps the vendored levels
-# one off (its WARN is ggml's INFO), so it printed llama.cpp's warnings over a one-line error: it gets
-# the lines only when asked for.
-_FORWARD_LOG = os.environ.get("SPECCHAT_LLAMA_LOG") == "1"
-_logger.set_verbose(_FORWARD_LOG)
-_load_log = threading.local()  # .lines, .level: what llama.cpp logs while this thread loads a model
 # The size of each cache llama.cpp allocates for a context, as it reports it (no API says).
 _CACHE_SIZE = re.compile(r"llama_(?:kv_cache|memory_recurrent): size = +([\d.]+) MiB")
-
-
-@llama_cpp.llama_log_callback
-def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp says why a model failed to load only in its log (the API just returns NULL), so
-    # the loading thread keeps its error lines (and, while it makes a context, what it allocates).
-    lines = getattr(_load_log, "lines", None)
-    if lines is not None and level >= _load_log.level:
-        lines.append(text.decode("utf-8", "replace").strip())
-    if _FORWARD_LOG:
-        _logger.llama_log_callback(level, text, user_data)
-
-
-llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
-
-
-def check_gguf(path: Path) -> None:
-    """Fail with one clear line before llama.cpp sees a file that cannot be a model."""
-    if not path.exists():
-        raise SpecchatError(f"model file not found: {path} (run `specchat pull NAME` or give an existing path)")
-    if path.is_dir():
-        raise SpecchatError(f"model path is a directory, not a .gguf file: {path} (give the .gguf file in it)")
-    try:
-        with path.open("rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise SpecchatError(f"cannot read model file {path}: {e.strerror} (check its permissions)") from None
-    if not magic:
-        raise SpecchatError(f"model file is empty: {path} (an interrupted copy or download? fetch it again)")
-    if magic != GGUF_MAGIC:
-        raise SpecchatError(f"not a GGUF model file: {path} (expected a .gguf file from llama.cpp's converter)")
-
-
-@contextlib.contextmanager
-def _llama_errors(level: int = _GGML_LOG_LEVEL_ERROR) -> Iterator[list[str]]:
-    """The lines llama.cpp logs on this thread inside the block, from `level` up (ggml's: 2 is INFO)."""
-    lines: list[str] = []
-    _load_log.lines, _load_log.level = lines, level
-    try:
-        yield lines
-    finally:
-        _load_log.lines = None
-
-
-def _load_error(path: Path, log: list[str]) -> SpecchatError:
-    """One line saying why llama.cpp refused the model file, from the error lines it logged."""
-    # The loader's verdict is "…: error loading model: REASON"; when REASON is only "failed to load
-    # model from PATH", the GGUF reader's line before it has the cause ("failed to read key-value pairs").
-    verdict = next((line.split("error loading model: ", 1)[1] for line in log if "error loading model: " in line), "")
-    reason = verdict if verdict and "failed to load model from" not in verdict else (log[0] if log else "")
-    reason = re.sub(r"^\w+: ", "", reason) or "no reason logged"
-    arch = re.fullmatch(r"unknown model architecture: '(.*)'", reason)
-    if arch:
-        return SpecchatError(f"llama.cpp could not load {path}: its model architecture {arch[1]!r} is unknown to "
-                             f"this llama.cpp (llama-cpp-python {llama_cpp.__version__}); use a model of a supported "
-                             "architecture, or upgrade llama-cpp-python")
-    return SpecchatError(f"llama.cpp could not load {path}: {reason}; the file is truncated or damaged, fetch it "
-                         "again (`specchat pull NAME`) or copy it anew")
-
-
-def ensure_backend() -> None:
-    """Initialise llama.cpp's backends once per process, before the first model is read."""
-    global _backend_ready
-    if not _backend_ready:
-        llama_cpp.llama_backend_init()
-        _backend_ready = True
 
 
 class Model:
@@ -136,13 +40,13 @@ class Model:
         ensure_backend()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = _OFFLOAD_ALL_LAYERS if n_gpu_layers is None or n_gpu_layers < 0 else n_gpu_layers
-        mparams.use_extra_bufts = _extra_buffers()
+        mparams.use_extra_bufts = extra_buffers()
         mparams.load_mtp = True  # a model's own MTP (NextN) layers, for the mtp guesser; none: nothing
-        with _llama_errors() as log:
+        with llama_errors() as log:
             try:
                 self._model = _internals.LlamaModel(path_model=str(self.path), params=mparams, verbose=False)
             except ValueError:
-                raise _load_error(self.path, log) from None
+                raise load_error(self.path, log) from None
         arch = self._model.metadata().get("general.architecture", "")
         if arch in ASSISTANTS:
             self._model.close()
@@ -174,7 +78,7 @@ class Model:
                 tree_branches = TREE_BRANCHES if offload else 1
             if tree_branches > 1:
                 cparams.n_seq_max, cparams.kv_unified = tree_branches, True
-        with _llama_errors(level=2) as log:
+        with llama_errors(level=2) as log:
             try:
                 self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
             except ValueError:

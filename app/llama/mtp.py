@@ -27,6 +27,7 @@ from llama_cpp import _internals
 from llama_cpp import llama_cpp_ext as ext
 
 from specchat.errors import SpecchatError
+from specchat.llama.loading import check_gguf, extra_buffers, llama_errors, load_error
 
 if TYPE_CHECKING:
     from specchat.llama.model import Model
@@ -56,20 +57,18 @@ class MtpHead:
     """The MTP layers of `target` (or of an assistant file made for it), kept in step with its cache."""
 
     def __init__(self, target: Model, assistant: Path | None = None) -> None:
-        from specchat.llama.model import _extra_buffers, _llama_errors, _load_error, check_gguf
-
         self.target, self._assistant = target, None
         model = target._model.model
         what = f"{assistant.name}" if assistant is not None else f"the MTP layers of {target.path.name}"
         if assistant is not None:
             check_gguf(assistant)
             params = llama_cpp.llama_model_default_params()
-            params.load_mtp, params.use_extra_bufts = True, _extra_buffers()
-            with _llama_errors() as log:
+            params.load_mtp, params.use_extra_bufts = True, extra_buffers()
+            with llama_errors() as log:
                 try:
                     self._assistant = _internals.LlamaModel(path_model=str(assistant), params=params, verbose=False)
                 except ValueError:
-                    raise _load_error(assistant, log) from None
+                    raise load_error(assistant, log) from None
             model = self._assistant.model
             mismatch = _assistant_mismatch(target.metadata, self._assistant.metadata())
             if mismatch:

@@ -22,7 +22,7 @@ from specchat.errors import SpecchatError
 from specchat.models.catalog import Catalog, load_catalog, size_text
 from specchat.models.fetch import on_disk
 from specchat.models.manage import add_model, find_drafts, make_pair
-from specchat.ui.screens import PathSuggester
+from specchat.ui.paths import PathSuggester
 
 NO_DRAFT = "-"  # the draft picker's "none": the target alone, with lookup
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
-from pathlib import Path
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.suggester import Suggester
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
 from specchat.errors import SpecchatError
@@ -18,6 +15,8 @@ from specchat.models.catalog import Catalog, load_catalog, size_text
 from specchat.models.fetch import on_disk
 from specchat.spec.guessers import GUESSERS
 from specchat.store.settings import Settings
+from specchat.ui.models import ModelsScreen
+from specchat.ui.paths import PathSuggester
 
 
 class ErrorScreen(ModalScreen[None]):
@@ -58,25 +57,6 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_cancel(self) -> None:
         self.dismiss(False)
-
-
-class PathSuggester(Suggester):
-    """Completes a file path as it is typed (→ accepts), like a shell's Tab."""
-
-    def __init__(self) -> None:
-        super().__init__(use_cache=False, case_sensitive=True)
-
-    async def get_suggestion(self, value: str) -> str | None:
-        if not value:
-            return None
-        typed = Path(value).expanduser()
-        folder, stem = (typed, "") if value.endswith(("/", os.sep)) else (typed.parent, typed.name)
-        try:
-            names = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in os.scandir(folder)
-                           if entry.name.startswith(stem) and (stem.startswith(".") or not entry.name.startswith(".")))
-        except OSError:
-            return None
-        return value + names[0][len(stem):] if names else None
 
 
 class PromptScreen(ModalScreen[str | None]):
@@ -176,8 +156,6 @@ class SettingsScreen(ModalScreen[Settings | None]):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "models":
-            from specchat.ui.models import ModelsScreen
-
             self.app.push_screen(ModelsScreen(self.query_one("#offline", Checkbox).value), self._models_changed)
         else:
             self.action_save() if event.button.id == "save" else self.dismiss(None)
