@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Union
 import numpy as np
 
 from specchat.errors import ContextFull, SpecchatError
-from specchat.spec.guessers import Guesser, NoGuesser
+from specchat.spec.guessers import Guesser, NoGuesser, Proposal
 from specchat.spec.sampling import SamplingConfig, logits_to_probs
 from specchat.spec.textstream import TextStream
 from specchat.spec.verify import Tree, Verdict, verify, verify_greedy, verify_tree, verify_tree_greedy
@@ -166,6 +166,20 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Round:
+    """What one target step made of a proposal: the guesses kept, the target's own token after them (a
+    correction, or the bonus when every guess held), and the seconds it took."""
+
+    proposal: Proposal
+    kept: list[int]
+    token: int
+    bonus: bool
+    draft_s: float  # proposing
+    verify_s: float  # the target's side: verifying, and taking back what it rejected
+    rollback_s: float  # of verify_s: saving the state beforehand and rewinding after
+
+
 class Engine:
     """A target model and a guesser. Batch 1; not thread-safe: one generation at a time."""
 
@@ -210,31 +224,10 @@ class Engine:
                 reason = "context_full"
                 break
             k = max(0, min(k_max, config.max_tokens - len(generated) - 1, room - 1))
-            t_draft = time.perf_counter()
-            proposal = self.guesser.propose(context, k, sampling, rng)
-            t_verify = time.perf_counter()
-            if proposal.tokens:  # where the cache cannot drop positions by itself, keep a way back
-                session.checkpoint(reach=len(proposal.tokens))
-            t_checked = time.perf_counter()
-            if proposal.tree is None:
-                verdict = self._verify(context[-1], proposal.tokens, proposal.probs, sampling, rng)
-                kept, bonus = proposal.tokens[:verdict.n_accepted], verdict.bonus(len(proposal.tokens))
-                t_verified = time.perf_counter()
-                # Keep the pending token and the accepted run; the rest of the batch is rewound.
-                session.rewind(len(context) + verdict.n_accepted)
-            else:
-                path, token = self._verify_tree(context[-1], proposal.tree, sampling, rng)
-                tree = proposal.tree
-                kept, bonus = [tree.tokens[i] for i in path], bool(path) and not tree.children(path[-1])
-                verdict = Verdict(len(path), token)
-                t_verified = time.perf_counter()
-                session.keep_path(path)  # the pending token and the path taken; every other branch goes
-            t_end = time.perf_counter()
-            rollback_s = (t_checked - t_verify) + (t_end - t_verified)
-
-            new = kept + [verdict.token]
-            last = Source.PLAIN if not proposal.tokens else Source.BONUS if bonus else Source.CORRECTION
-            sources = [Source.DRAFT] * verdict.n_accepted + [last]
+            r = self._step(context, k, sampling, rng)
+            new = [*r.kept, r.token]
+            last = Source.PLAIN if not r.proposal.tokens else Source.BONUS if r.bonus else Source.CORRECTION
+            sources = [Source.DRAFT] * len(r.kept) + [last]
             tokens, released = [], []
             # Token by token, as plain decoding would: a stop string or an end-of-generation token
             # inside the accepted run ends it there, and what follows is neither shown nor counted.
@@ -250,8 +243,9 @@ class Engine:
                     break
             context.extend(new)
             answer.append("".join(released))
-            step = Step(tuple(tokens), answer[-1], len(proposal.tokens), verdict.n_accepted,
-                        t_verify - t_draft, t_end - t_verify, proposal.guesser, rollback_s, proposal.sync_s)
+            step = Step(tuple(tokens), answer[-1], drafted=len(r.proposal.tokens), accepted=len(r.kept),
+                        draft_s=r.draft_s, verify_s=r.verify_s, guesser=r.proposal.guesser, rollback_s=r.rollback_s,
+                        sync_s=r.proposal.sync_s)
             self.guesser.observe(step.drafted, step.accepted, step.draft_s)
             stats = stats.add_step(step)
             yield step
@@ -259,6 +253,34 @@ class Engine:
                 break
         answer.append(text.flush())
         yield Done(reason, "".join(answer), tuple(generated), replace(stats, wall_s=time.perf_counter() - t_decode))
+
+    def _step(self, context: list[int], k: int, sampling: SamplingConfig, rng: np.random.Generator) -> Round:
+        """One target step, as the algorithm reads: the guesser proposes up to k tokens; the target scores
+        the pending token and every guess in one batch; the rule keeps a prefix of the guesses (a path,
+        for a tree) and adds one token of its own; the cache keeps exactly the context plus the kept
+        guesses, the rest taken back. Where the cache cannot drop positions by itself, a way back is
+        kept before the batch goes in."""
+        session = self.target.session
+        t_draft = time.perf_counter()
+        proposal = self.guesser.propose(context, k, sampling, rng)
+        t_verify = time.perf_counter()
+        if proposal.tokens:
+            session.checkpoint(reach=len(proposal.tokens))
+        t_checked = time.perf_counter()
+        if proposal.tree is None:
+            verdict = self._verify(context[-1], proposal.tokens, proposal.probs, sampling, rng)
+            kept, token, bonus = proposal.tokens[:verdict.n_accepted], verdict.token, verdict.bonus(len(proposal.tokens))
+            t_verified = time.perf_counter()
+            session.rewind(len(context) + len(kept))  # the pending token and the kept run; the rest goes
+        else:
+            tree = proposal.tree
+            path, token = self._verify_tree(context[-1], tree, sampling, rng)
+            kept, bonus = [tree.tokens[i] for i in path], bool(path) and not tree.children(path[-1])
+            t_verified = time.perf_counter()
+            session.keep_path(path)  # the pending token and the path taken; every other branch goes
+        t_end = time.perf_counter()
+        return Round(proposal, kept, token, bonus, draft_s=t_verify - t_draft, verify_s=t_end - t_verify,
+                     rollback_s=(t_checked - t_verify) + (t_end - t_verified))
 
     def _verify(self, pending: int, draft: list[int], draft_probs: np.ndarray | None,
                 sampling: SamplingConfig, rng: np.random.Generator) -> Verdict:
