@@ -67,3 +67,43 @@ def test_a_damaged_recording_is_one_line_that_says_what_to_do(tmp_path):
         load_answers(path)
     with pytest.raises(SpecchatError, match="cannot read recorded answers"):
         load_answers(tmp_path / "missing.jsonl")
+
+
+def test_the_signals_at_a_position_know_nothing_of_it_or_after():
+    # What a controller knows before verifying position i may come only from the text and the target's
+    # confidences before i: a signal that read position i itself would predict its own label.
+    from specchat.tools.predict import SIGNALS, position_signals
+
+    rng = np.random.default_rng(2)
+    prompt = tuple(rng.integers(10, 30, 40).tolist())
+    answer = rng.integers(10, 30, 50).tolist()
+    conf = rng.uniform(0.05, 0.99, 50).tolist()
+    base = Answer("rewrite", "fit", 0.0, prompt, tuple(answer), tuple(answer), (0.5,) * 50, tuple(conf))
+    rows, bucket, held = position_signals(base)
+    assert set(rows) == set(SIGNALS) and (bucket >= 0).sum() > 40  # most positions have a match to copy
+    for t in (0, 17, 49):
+        changed = list(answer), list(conf)
+        changed[0][t], changed[1][t] = 99, 0.5  # a token no earlier text holds, at another confidence
+        after = position_signals(Answer("rewrite", "fit", 0.0, prompt, tuple(changed[0]), tuple(changed[0]),
+                                        (0.5,) * 50, tuple(changed[1])))
+        for name in SIGNALS:
+            assert np.array_equal(after[0][name][:t + 1], rows[name][:t + 1]), (name, t)
+        assert np.array_equal(after[1][:t + 1], bucket[:t + 1])
+        assert not after[2][t] and np.array_equal(after[2][:t], held[:t])  # its own fate is the new token's
+    # And what they say, on a text small enough to read: "5 6 7 | 5 6 8": copies hold at 6, miss at 8.
+    small = Answer("edit", "fit", 0.0, (5, 6, 7), (5, 6, 8, 1), (5, 6, 7, 1), (0.5,) * 4, (0.9, 0.8, 0.3, 0.2))
+    rows, bucket, held = position_signals(small)
+    assert bucket.tolist() == [-1, 0, 1, -1] and held.tolist() == [False, True, False, False]
+    assert rows["confidence"][2] == pytest.approx(np.log(0.8 / 0.2)) and rows["recent"][2] == pytest.approx(
+        np.log(0.85 / 0.15))
+    assert rows["run"].tolist() == pytest.approx([0, 0, np.log(2), 0]) and rows["copied"][3] == pytest.approx(1 / 3)
+    assert rows["draft"].tolist() == [0, 1, 1, 0]  # the draft guesses what the copy does, right (6) or not (7)
+
+
+def test_the_logistic_fit_recovers_the_weights_that_made_the_data():
+    from specchat.tools.predict import fit_logistic
+
+    rng = np.random.default_rng(3)
+    x = np.column_stack([np.ones(20_000), rng.normal(size=20_000)])
+    y = (rng.random(20_000) < 1 / (1 + np.exp(-(x @ np.array([0.5, -2.0]))))).astype(float)
+    assert fit_logistic(x, y) == pytest.approx([0.5, -2.0], abs=0.1)
