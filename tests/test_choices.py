@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specchat.service.choices import ModelChoice, RemoteChoice, generation, model_choice, where_to_chat
+from specchat.service.choices import ModelChoice, RemoteChoice, generation, model_choice, same_models, where_to_chat
 from specchat.store.settings import Settings
 
 MINE = Settings(pair="my-7b", context=8192, threads=4, gpu_layers=20, draft_gpu_layers=0, offline=True,
@@ -37,3 +37,18 @@ def test_a_server_on_the_command_line_wins_over_the_setting_and_the_key_is_never
     assert where_to_chat(ModelChoice(), None, Settings(server="http://b:8080"), "key") == \
         RemoteChoice("http://b:8080", "key")
     assert where_to_chat(ModelChoice(), None, MINE) == model_choice(ModelChoice(), MINE)
+
+
+def test_a_settings_change_reloads_only_when_it_changes_what_is_loaded():
+    given, settings = ModelChoice(), Settings(pair="qwen-coder-1.5b", context=4096)
+
+    def reloads(after: Settings) -> bool:
+        return not same_models(where_to_chat(given, None, settings), where_to_chat(given, None, after))
+
+    assert not reloads(Settings(pair="qwen-coder-1.5b", context=4096, guesser="lookup", temperature=0.7))
+    assert not reloads(Settings(pair="qwen-coder-1.5b", context=4096, offline=True))  # how, not which
+    for changed in (Settings(pair="smollm2-self", context=4096), Settings(pair="qwen-coder-1.5b", context=8192),
+                    Settings(pair="qwen-coder-1.5b", context=4096, threads=1),
+                    Settings(pair="qwen-coder-1.5b", context=4096, gpu_layers=0),
+                    Settings(pair="qwen-coder-1.5b", context=4096, server="http://127.0.0.1:8080")):
+        assert reloads(changed), changed

@@ -64,6 +64,14 @@ def where_to_chat(given: ModelChoice, server: RemoteChoice | None, settings: Set
     return model_choice(given, settings)
 
 
+def same_models(a: ModelChoice | RemoteChoice, b: ModelChoice | RemoteChoice) -> bool:
+    """Whether two choices load the same thing, so that a change of settings between them needs no reload
+    (going offline changes how models are found, not which)."""
+    if isinstance(a, ModelChoice) and isinstance(b, ModelChoice):
+        return replace(a, offline=False) == replace(b, offline=False)
+    return a == b
+
+
 def generation(settings: Settings, temperature: float | None = None, top_k: int | None = None,
                top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
                max_tokens: int | None = None, draft_length: int | None = None) -> GenerationConfig:

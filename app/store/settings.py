@@ -18,7 +18,6 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 from specchat.errors import SpecchatError
-from specchat.spec.engine import GenerationConfig
 from specchat.spec.guessers import GUESSERS
 from specchat.spec.sampling import SamplingConfig
 from specchat.store.files import atomic_write
@@ -77,11 +76,6 @@ class Settings:
         for key in ("gpu_layers", "draft_gpu_layers"):
             if not -1 <= getattr(self, key) <= 10_000:
                 raise SpecchatError(f"{key} must be -1 (all) to 10000, got {getattr(self, key)}")
-
-    def generation(self, stop: tuple[str, ...] = ()) -> GenerationConfig:
-        sampling = SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p,
-                                  None if self.seed < 0 else self.seed)
-        return GenerationConfig(sampling, self.max_tokens, self.draft_length or None, stop)
 
 
 def default_config_path() -> Path:

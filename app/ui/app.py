@@ -22,7 +22,7 @@ from textual.widgets import ProgressBar
 from specchat.errors import SpecchatError
 from specchat.models.catalog import Catalog, load_catalog
 from specchat.service.backend import Backend, BackendFactory
-from specchat.service.choices import ModelChoice, RemoteChoice, where_to_chat
+from specchat.service.choices import ModelChoice, RemoteChoice, same_models, where_to_chat
 from specchat.service.local import open_backend
 from specchat.store.conversations import Store
 from specchat.store.files import log_path
@@ -30,9 +30,6 @@ from specchat.store.settings import Settings, load_settings, save_settings
 from specchat.ui.chat import ChatScreen
 from specchat.ui.conversations import ConversationSearch
 from specchat.ui.screens import ErrorScreen, HelpScreen, SettingsScreen
-
-# Settings whose change means other models (or another server) must be loaded.
-RELOAD = ("pair", "context", "threads", "gpu_layers", "draft_gpu_layers", "server")
 
 
 class BackendProgress(TMessage):
@@ -213,9 +210,11 @@ class SpecchatApp(App[None]):
     def apply_settings(self, settings: Settings | None) -> None:
         if settings is None:
             return
-        reload = any(getattr(settings, key) != getattr(self.settings, key) for key in RELOAD)
+        before = where_to_chat(self.choice, self.remote, self.settings, self.api_key)
         if settings.server != self.settings.server:
             self.remote = None  # the setting now says where to chat: this machine, or that server
+        # Which settings choose the models is service/choices.py's to say: reload when the choice changes.
+        reload = not same_models(before, where_to_chat(self.choice, self.remote, settings, self.api_key))
         self.settings = settings
         try:
             save_settings(settings, self.settings_path)

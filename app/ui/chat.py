@@ -25,6 +25,7 @@ from textual.widgets import Footer, Header, ProgressBar, Static, TextArea
 from textual.widgets.markdown import MarkdownFence
 
 from specchat.errors import SpecchatError
+from specchat.service.choices import generation
 from specchat.service.conversation import ConversationController
 from specchat.service.documents import read_document
 from specchat.spec.engine import ENGINE_FIGURES
@@ -265,7 +266,7 @@ class ChatScreen(Screen[None]):
     def _generate(self, history) -> None:  # type: ignore[no-untyped-def]
         app, settings = self.chat_app, self.chat_app.settings
         assert app.backend is not None
-        Pump(self).run(app.backend.chat(history, settings.generation(), settings.guesser, self.cancel))
+        Pump(self).run(app.backend.chat(history, generation(settings), settings.guesser, self.cancel))
 
     async def on_generation_batch(self, batch: GenerationBatch) -> None:
         try:
