@@ -42,3 +42,17 @@ def test_word_diff_marks_the_changed_words_inside_a_paragraph():
     # Read without the removals it is the rewrite; without the additions, the original.
     assert "".join(text for text, kind in runs if kind != "removed") == rewritten
     assert "".join(text for text, kind in runs if kind != "added") == original
+
+
+def test_a_rewrite_is_requests_that_fit_the_context_and_answer_in_full():
+    from specchat.service.documents import rewrite_requests
+    from specchat.spec.engine import GenerationConfig
+
+    paras = [" ".join(f"w{i}" for i in range(n, n + 150)) for n in range(0, 1500, 150)]  # 10 paragraphs of 150 words
+    requests = rewrite_requests("Fix it.", "\n\n".join(paras), 1024, words, GenerationConfig(max_tokens=512, stop=("x",)))
+    budget = (1024 - 200) // 2  # half of what the instruction leaves: the answer is about as long as its chunk
+    assert len(requests) == 5  # two paragraphs of 150 words a request
+    for messages, config in requests:
+        assert words(messages[-1].content.removeprefix("Fix it.\n\n")) <= budget
+        assert config.max_tokens == budget + 64 and config.stop == ()
+    assert "\n\n".join(m[-1].content.removeprefix("Fix it.\n\n") for m, _ in requests) == "\n\n".join(paras)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import difflib
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
+from specchat.spec.engine import GenerationConfig
 from specchat.store.files import atomic_write
 
 PRESETS = {
@@ -23,6 +25,16 @@ PRESETS = {
 def rewrite_messages(instruction: str, chunk: str) -> list[Message]:
     return [Message("system", "You rewrite documents. Reply with the rewritten text only, no preamble."),
             Message("user", f"{instruction}\n\n{chunk}")]
+
+
+def rewrite_requests(instruction: str, text: str, n_ctx: int, count: Callable[[str], int],
+                     config: GenerationConfig) -> list[tuple[list[Message], GenerationConfig]]:
+    """A document's rewrite as the requests that make it, in order: paragraph-aligned chunks of at most
+    half the context that is left after the instruction (the answer is about as long as its chunk), each
+    with room to answer in full and no stop strings (a document may hold any text)."""
+    budget = max(128, (n_ctx - 200) // 2)
+    answer = replace(config, max_tokens=budget + 64, stop=())
+    return [(rewrite_messages(instruction, chunk), answer) for chunk in split_paragraphs(text, budget, count)]
 
 
 def split_paragraphs(text: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:

@@ -5,7 +5,6 @@ the original (overwrite only when confirmed)."""
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 from rich.text import Text
@@ -18,17 +17,19 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, TextArea
 
 from specchat.errors import SpecchatError
+from specchat.llama.template import Message
 from specchat.service.backend import Backend
+from specchat.service.choices import generation
 from specchat.service.documents import (
     PRESETS,
     output_path,
     read_document,
-    rewrite_messages,
+    rewrite_requests,
     save,
     saved_form,
-    split_paragraphs,
     word_diff,
 )
+from specchat.spec.engine import GenerationConfig
 from specchat.store.settings import Settings
 from specchat.ui.screens import ConfirmScreen
 from specchat.ui.streaming import GenerationBatch, Pump
@@ -110,10 +111,8 @@ class RewriteScreen(Screen[None]):
         self.query_one("#result", TextArea).text = ""
         self.query_one("#diff-pane").display = False
         self.query_one(StatsPanel).reset(self.backend.name, self.backend.baseline(), self.guesser)
-        # Leave room for the answer: it is about as long as the chunk it rewrites.
-        budget = max(128, (self.backend.n_ctx - 200) // 2)
-        chunks = split_paragraphs(self.original, budget, self.backend.count_tokens)
-        self._run(instruction, chunks, budget)
+        self._run(rewrite_requests(instruction, self.original, self.backend.n_ctx, self.backend.count_tokens,
+                                   generation(self.settings)))
 
     class Progress(TMessage):
         """From the rewrite worker, in order with its generation batches (a call_from_thread could
@@ -124,13 +123,11 @@ class RewriteScreen(Screen[None]):
             self.status, self.result, self.finished = status, result, finished
 
     @work(thread=True, exclusive=True, group="rewrite")
-    def _run(self, instruction: str, chunks: list[str], budget: int) -> None:
+    def _run(self, requests: list[tuple[list[Message], GenerationConfig]]) -> None:
         results: list[str] = []
-        config = replace(self.settings.generation(), max_tokens=budget + 64, stop=())
-        for n, chunk in enumerate(chunks, 1):
-            self.post_message(self.Progress(f"rewriting part {n} of {len(chunks)}… (Esc stops)"))
-            done = Pump(self).run(self.backend.chat(rewrite_messages(instruction, chunk), config, self.guesser,
-                                                    self.cancel))
+        for n, (messages, config) in enumerate(requests, 1):
+            self.post_message(self.Progress(f"rewriting part {n} of {len(requests)}… (Esc stops)"))
+            done = Pump(self).run(self.backend.chat(messages, config, self.guesser, self.cancel))
             if done is None or done.reason == "cancelled":
                 self.post_message(self.Progress("stopped: nothing was saved" if done else "", finished=True))
                 return
