@@ -37,8 +37,8 @@ def test_the_first_message_names_the_conversation_and_files_go_first(tmp_path):
     chat.add_user("And again")
     assert store.conversations()[0].title == "Fix the typos"  # the first line of the first message only
     assert [m.content for m in chat.messages()] == [content, "And again"]
-    assert [m.role for m in chat.history("Be brief.")] == ["system", "user", "user"]
-    assert [m.role for m in chat.history("")] == ["user", "user"]
+    assert [m.role for m in chat.prompt_messages("Be brief.")] == ["system", "user", "user"]
+    assert [m.role for m in chat.prompt_messages("")] == ["user", "user"]
 
 
 def test_an_answer_is_stored_before_its_first_token_and_saved_as_it_streams_at_most_four_times_a_second(tmp_path):

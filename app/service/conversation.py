@@ -81,8 +81,9 @@ class ConversationController:
         """The server this conversation's answers came from; None: this machine."""
         return self.store.server(self.id)
 
-    def history(self, system_prompt: str) -> list[Message]:
-        """What the model is given: the system prompt, then every message so far."""
+    def prompt_messages(self, system_prompt: str) -> list[Message]:
+        """What the model is given: the system prompt, then every message so far. ("History" in this
+        project is the index of past conversations the history guesser copies from.)"""
         system = [Message("system", system_prompt)] if system_prompt else []
         return system + [Message(m.role, m.content) for m in self.messages()]
 

@@ -25,6 +25,7 @@ from textual.widgets import Footer, Header, ProgressBar, Static, TextArea
 from textual.widgets.markdown import MarkdownFence
 
 from specchat.errors import SpecchatError
+from specchat.llama.template import Message
 from specchat.service.choices import generation
 from specchat.service.conversation import ConversationController
 from specchat.service.documents import read_document
@@ -189,9 +190,9 @@ class ChatScreen(Screen[None]):
     def action_search(self) -> None:
         self.query_one(ConversationList).focus_search()
 
-    def history(self):  # type: ignore[no-untyped-def]
+    def prompt_messages(self) -> list[Message]:
         assert self.conversation is not None
-        return self.conversation.history(self.chat_app.settings.system_prompt)
+        return self.conversation.prompt_messages(self.chat_app.settings.system_prompt)
 
     # --- the context meter -------------------------------------------------------------------
 
@@ -204,7 +205,7 @@ class ChatScreen(Screen[None]):
             return
         estimated = used is None
         if used is None:
-            used = sum(backend.count_tokens(m.content) + 4 for m in self.history()) if self.conversation else 0
+            used = sum(backend.count_tokens(m.content) + 4 for m in self.prompt_messages()) if self.conversation else 0
         share = used / backend.n_ctx
         text = f"context {'≈' if estimated else ''}{used:,} / {backend.n_ctx:,} tokens ({share:.0%})"
         if share >= CONTEXT_WARNING:
@@ -253,20 +254,20 @@ class ChatScreen(Screen[None]):
         server = app.backend.server
         self.status(f"generating on {server}… (Esc stops)" if server else
                     f"generating with {app.settings.guesser}… (Esc stops)")
-        history = self.history()
+        messages = self.prompt_messages()
         marked = self.conversation.server
         self.conversation.begin_answer(app.backend.name, server)
         if server is not None and marked != server:  # the conversation says where its answers came from
             self.sub_title = f"answered by {server}"
             self.refresh_conversations()
         self._answer = (view, [])
-        self._generate(history)
+        self._generate(messages)
 
     @work(thread=True, group="generate")
-    def _generate(self, history) -> None:  # type: ignore[no-untyped-def]
+    def _generate(self, messages: list[Message]) -> None:
         app, settings = self.chat_app, self.chat_app.settings
         assert app.backend is not None
-        Pump(self).run(app.backend.chat(history, generation(settings), settings.guesser, self.cancel))
+        Pump(self).run(app.backend.chat(messages, generation(settings), settings.guesser, self.cancel))
 
     async def on_generation_batch(self, batch: GenerationBatch) -> None:
         try:
