@@ -196,6 +196,23 @@ class Session:
             self.clear()
             raise
 
+    def can_take_back(self) -> bool:
+        """Whether this cache can take back a rejected guess. An attention cache drops positions; a recurrent
+        state is saved and restored, tried here once on an empty cache. Where llama.cpp can do neither, the
+        session falls back to restarting (Memory.RESTART): every guess would cost decoding the whole
+        conversation again, so its owner should decode plainly."""
+        if self.memory is Memory.TRIM:
+            return True
+        try:
+            self.decode([0], "none")
+            self.checkpoint(lasting=True)
+            return True
+        except SpecchatError:
+            self.memory = Memory.RESTART
+            return False
+        finally:
+            self.clear()
+
     def clear(self) -> None:
         """Forget everything, the cache and its saved states: it holds nothing and says so."""
         llama_cpp.llama_memory_clear(self._memory, True)

@@ -14,7 +14,6 @@ from pathlib import Path
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
 from specchat.llama.mtp import ASSISTANTS, MtpHead
-from specchat.llama.session import Memory
 from specchat.llama.vocab import VocabFile, check_compatible
 from specchat.models.catalog import Catalog, load_catalog
 from specchat.models.fetch import Progress, resolve
@@ -104,23 +103,12 @@ def _mtp_head(target: Model, assistant: Path | None, warnings: list[str]) -> Mtp
 
 
 def _rewinds(target: Model, warnings: list[str]) -> bool:
-    """Whether the target's cache can take back a rejected guess. An attention cache drops positions;
-    a recurrent state is saved and restored (tried here, once): where llama.cpp can do neither, every
-    guess would cost decoding the whole conversation again, so the target decodes plainly."""
-    if target.memory is Memory.TRIM:
+    """Whether the target's cache can take back a rejected guess, and a warning where it cannot."""
+    if target.session.can_take_back():
         return True
-    session = target.session
-    try:
-        session.decode([0], "none")
-        session.checkpoint(lasting=True)
-        return True
-    except SpecchatError:
-        warnings.append(f"{target.name} keeps a state that llama.cpp can neither cut nor save, so a rejected guess "
-                        "cannot be taken back: it decodes plainly (the none guesser)")
-        session.memory = Memory.RESTART
-        return False
-    finally:
-        session.clear()
+    warnings.append(f"{target.name} keeps a state that llama.cpp can neither cut nor save, so a rejected guess "
+                    "cannot be taken back: it decodes plainly (the none guesser)")
+    return False
 
 
 def _memory_warnings(target: Path, draft: Path | None) -> tuple[list[str], bool]:
