@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from specchat.decoding.guessers import GUESSERS, REGISTRY
 from specchat.errors import SpecchatError
 from specchat.models.catalog import size_text
 from specchat.service.choices import ModelChoice
-from specchat.spec.guessers import GUESSERS, REGISTRY
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -185,7 +185,7 @@ def _sampling_args(p: argparse.ArgumentParser, settings_fill: bool = True) -> No
 
 
 def _settings():  # type: ignore[no-untyped-def]
-    from specchat.store.settings import load_settings
+    from specchat.service.settings import load_settings
 
     settings, problems = load_settings()
     for problem in problems:
@@ -215,7 +215,7 @@ def _generation_config(args: argparse.Namespace, settings: Any = None):  # type:
     """What to sample, and how much: the options given, then the settings (the measuring commands pass
     none: their defaults are fixed, greedy and 120 tokens, so that their figures compare)."""
     from specchat.service.choices import generation
-    from specchat.store.settings import Settings
+    from specchat.service.settings import Settings
 
     if args.max_tokens is not None and args.max_tokens < 1:
         raise SpecchatError(f"--max-tokens must be at least 1, got {args.max_tokens}")
@@ -257,7 +257,7 @@ _progress = _ProgressLine()
 
 def _chat(args: argparse.Namespace) -> int:
     from specchat.service.documents import read_document
-    from specchat.store.settings import resolve_api_key
+    from specchat.service.settings import resolve_api_key
     from specchat.ui.app import SpecchatApp
 
     if args.file is not None:
@@ -276,11 +276,11 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from specchat.decoding.engine import Done, Step
     from specchat.llama.template import Message
     from specchat.service.chat import Notice
     from specchat.service.conversation import against_plain
     from specchat.service.local import open_local
-    from specchat.spec.engine import Done, Step
 
     settings = _settings()
     config = _generation_config(args, settings)

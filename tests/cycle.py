@@ -25,14 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tiny_gguf  # noqa: E402
 
+from specchat.decoding.engine import Engine, GenerationConfig, final  # noqa: E402
+from specchat.decoding.guessers import build, drafting  # noqa: E402
+from specchat.decoding.sampling import SamplingConfig  # noqa: E402
 from specchat.errors import SpecchatError  # noqa: E402
 from specchat.llama import mtp  # noqa: E402
 from specchat.service.choices import ModelChoice  # noqa: E402
 from specchat.service.loader import load_pair  # noqa: E402
 from specchat.service.pair import LoadedPair  # noqa: E402
-from specchat.spec.engine import Engine, GenerationConfig, final  # noqa: E402
-from specchat.spec.guessers import build, drafting  # noqa: E402
-from specchat.spec.sampling import SamplingConfig  # noqa: E402
 
 VOCAB = 16
 SHARP = 20.0  # the successor's logit lead: greedy, and sampling at T=1 all but greedy

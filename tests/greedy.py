@@ -20,9 +20,9 @@ from typing import Callable
 
 import numpy as np
 
+from specchat.decoding.engine import Engine, GenerationConfig, Stats, final
+from specchat.decoding.guessers import Guesser, NoGuesser
 from specchat.llama.model import Model
-from specchat.spec.engine import Engine, GenerationConfig, Stats, final
-from specchat.spec.guessers import Guesser, NoGuesser
 from specchat.tools.ties import CEILING, Parting, parting
 
 

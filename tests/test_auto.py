@@ -1,4 +1,4 @@
-"""Auto and its policy (specchat.spec.guessers.auto, specchat.spec.policy): the pure functions over a cost curve, and
+"""Auto and its policy (specchat.decoding.guessers.auto, specchat.decoding.policy): the pure functions over a cost curve, and
 the auto guesser's choices on given costs."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specchat.spec.guessers import AutoGuesser
-from specchat.spec.policy import (
+from specchat.decoding.guessers import AutoGuesser
+from specchat.decoding.policy import (
     LOSS_BUDGET,
     START_STEPS,
     Acceptance,
@@ -19,7 +19,7 @@ from specchat.spec.policy import (
     expected_tokens,
     keep_drafting,
 )
-from specchat.spec.sampling import SamplingConfig
+from specchat.decoding.sampling import SamplingConfig
 from specchat.tools.corpus import Answer, auto_for, replay
 from specchat.tools.replay import lookup_hits_by_match, modelled_seconds, oracle_lookup_seconds
 

@@ -16,8 +16,8 @@ from textual.widgets.markdown import MarkdownFence
 
 from specchat.llama.template import Message
 from specchat.service.choices import ModelChoice
+from specchat.service.settings import load_settings
 from specchat.store.conversations import Store
-from specchat.store.settings import load_settings
 from specchat.ui.app import SpecchatApp
 from specchat.ui.chat import ChatInput, ChatScreen
 from specchat.ui.conversations import ConversationItem, ConversationSearch

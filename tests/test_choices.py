@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specchat.service.choices import ModelChoice, RemoteChoice, generation, model_choice, same_models, where_to_chat
-from specchat.store.settings import Settings
+from specchat.service.settings import Settings
 
 MINE = Settings(pair="my-7b", context=8192, threads=4, gpu_layers=20, draft_gpu_layers=0, offline=True,
                 temperature=0.7, top_k=40, max_tokens=300, draft_length=6)

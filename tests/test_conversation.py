@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from specchat.decoding.engine import Done, Stats
 from specchat.service.conversation import SAVE_INTERVAL_S, ConversationController
-from specchat.spec.engine import Done, Stats
 from specchat.store.conversations import Store
 
 

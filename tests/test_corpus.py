@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from specchat.decoding.policy import CostCurve, Priors
 from specchat.errors import SpecchatError
-from specchat.spec.policy import CostCurve, Priors
 from specchat.tools.corpus import Answer, auto_for, fit_priors, fold, judge, load_answers, oracle, replay
 
 CPU = CostCurve([1.0, 1.57, 2.07, 2.7, 3.22, 3.55, 3.97, 4.4, 4.77, 4.97, 5.04, 5.11, 5.14, 5.18, 5.21, 5.26], 0.54)

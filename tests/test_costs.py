@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from filelock import FileLock
 
+from specchat.decoding.calibrate import MAX_POSITIONS, Calibration, check, conservative
+from specchat.decoding.engine import Done, Stats, Step
+from specchat.decoding.guessers import AutoGuesser
+from specchat.decoding.policy import CostCurve
+from specchat.decoding.sampling import SamplingConfig
+from specchat.decoding.timing import StepTimes, low, non_decreasing
 from specchat.service.costs import PairCosts, Turns
-from specchat.spec.calibrate import MAX_POSITIONS, Calibration, check, conservative
-from specchat.spec.engine import Done, Stats, Step
-from specchat.spec.guessers import AutoGuesser
-from specchat.spec.policy import CostCurve
-from specchat.spec.sampling import SamplingConfig
-from specchat.spec.timing import StepTimes, low, non_decreasing
 from specchat.store.files import cache_file
 
 # This machine kind's quiet curve for the default target (ms): 1, 2, ... positions.
@@ -67,7 +67,7 @@ def test_the_contention_probe_counts_the_cores_others_took_beyond_those_left_fre
     /proc/stat that cannot be read says nothing (None)."""
     import types
 
-    from specchat.spec import calibrate
+    from specchat.decoding import calibrate
 
     stat = tmp_path / "stat"
     tick = os.sysconf("SC_CLK_TCK")
@@ -256,8 +256,8 @@ def test_a_measurement_under_load_is_repaired_or_not_cached(smol_path, monkeypat
     nothing is cached. (This test loads the machine on purpose; run alone, as every test that times.)"""
     import multiprocessing
 
+    from specchat.decoding.calibrate import measure_curve
     from specchat.llama.model import Model
-    from specchat.spec.calibrate import measure_curve
     from specchat.store.files import read_cache
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from specchat.decoding.engine import Done, Engine, GenerationConfig, Prefill, Source, Step
+from specchat.decoding.guessers import AutoGuesser, DraftGuesser, LookupGuesser
+from specchat.decoding.policy import CostCurve
+from specchat.decoding.sampling import SamplingConfig, logits_to_probs
 from specchat.errors import ContextFull, SpecchatError
 from specchat.llama.model import Model
 from specchat.llama.template import ChatPrompter, Message
-from specchat.spec.engine import Done, Engine, GenerationConfig, Prefill, Source, Step
-from specchat.spec.guessers import AutoGuesser, DraftGuesser, LookupGuesser
-from specchat.spec.policy import CostCurve
-from specchat.spec.sampling import SamplingConfig, logits_to_probs
 
 pytestmark = pytest.mark.real
 

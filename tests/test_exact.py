@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from pooled import chi_square
 
-import specchat.spec.verify as verify_module
+import specchat.decoding.verify as verify_module
+from specchat.decoding.engine import Engine, GenerationConfig, final
+from specchat.decoding.guessers import DraftGuesser, LookupGuesser, Proposal
+from specchat.decoding.sampling import SamplingConfig, logits_to_probs
+from specchat.decoding.verify import Tree
 from specchat.llama.session import Memory
-from specchat.spec.engine import Engine, GenerationConfig, final
-from specchat.spec.guessers import DraftGuesser, LookupGuesser, Proposal
-from specchat.spec.sampling import SamplingConfig, logits_to_probs
-from specchat.spec.verify import Tree
 
 V = 6
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import model_path
 
+from specchat.decoding.engine import Engine, GenerationConfig, final
+from specchat.decoding.guessers import LookupGuesser, NoGuesser
 from specchat.llama.model import Model
 from specchat.llama.session import Memory
-from specchat.spec.engine import Engine, GenerationConfig, final
-from specchat.spec.guessers import LookupGuesser, NoGuesser
 
 pytestmark = pytest.mark.real
 REPO = Path(__file__).resolve().parent.parent

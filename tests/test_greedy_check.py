@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from greedy import compare
 
+from specchat.decoding.engine import Engine
+from specchat.decoding.guessers import AutoGuesser, LookupGuesser
+from specchat.decoding.policy import CostCurve
+from specchat.decoding.verify import verify_greedy
 from specchat.llama.model import Model
 from specchat.llama.session import Session
-from specchat.spec.engine import Engine
-from specchat.spec.guessers import AutoGuesser, LookupGuesser
-from specchat.spec.policy import CostCurve
-from specchat.spec.verify import verify_greedy
 
 pytestmark = pytest.mark.real
 TEXT = "Repeat this exactly, twice: the quick brown fox jumps over the lazy dog, and the lazy dog sleeps on."

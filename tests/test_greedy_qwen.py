@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from greedy import RecordingEngine, compare, plain_run
 
+from specchat.decoding.engine import GenerationConfig
+from specchat.decoding.guessers import AutoGuesser, DraftGuesser, HistoryGuesser, LookupGuesser, NoGuesser
+from specchat.decoding.history import HistoryIndex
+from specchat.decoding.policy import CostCurve
 from specchat.llama.model import Model
 from specchat.llama.template import ChatPrompter, Message
 from specchat.llama.vocab import check_compatible
-from specchat.spec.engine import GenerationConfig
-from specchat.spec.guessers import AutoGuesser, DraftGuesser, HistoryGuesser, LookupGuesser, NoGuesser
-from specchat.spec.history import HistoryIndex
-from specchat.spec.policy import CostCurve
 
 pytestmark = pytest.mark.real
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specchat.decoding.engine import Done, GenerationConfig, Step
+from specchat.decoding.history import HistoryIndex
+from specchat.decoding.policy import CostCurve
 from specchat.llama.template import Message
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
 from specchat.service.history import History, text_key
 from specchat.service.loader import load_pair
-from specchat.spec.engine import Done, GenerationConfig, Step
-from specchat.spec.history import HistoryIndex
-from specchat.spec.policy import CostCurve
 from specchat.store.conversations import Store
 
 
@@ -161,8 +161,8 @@ def test_auto_copies_an_answer_asked_for_again_from_history_and_not_once_it_is_d
 def test_what_copies_from_history_earned_carries_into_the_next_chat_apart_for_sampled_answers():
     """A new conversation builds a new auto; what the earlier ones showed of copies from history (here:
     the target never takes them, under sampling) is where its estimate starts, not the priors."""
-    from specchat.spec.guessers import AutoGuesser
-    from specchat.spec.sampling import SamplingConfig
+    from specchat.decoding.guessers import AutoGuesser
+    from specchat.decoding.sampling import SamplingConfig
 
     words = Words()
     index = HistoryIndex()

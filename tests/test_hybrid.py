@@ -23,6 +23,10 @@ import tiny_gguf
 from greedy import compare
 from pooled import chi_square
 
+from specchat.decoding.engine import Engine, GenerationConfig, final
+from specchat.decoding.guessers import AutoGuesser, DraftGuesser, Guesser, MtpGuesser, NoGuesser, build
+from specchat.decoding.policy import CostCurve
+from specchat.decoding.sampling import SamplingConfig, logits_to_probs
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
 from specchat.llama.session import Memory, Session
@@ -30,10 +34,6 @@ from specchat.llama.template import Message
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
 from specchat.service.loader import load_pair
-from specchat.spec.engine import Engine, GenerationConfig, final
-from specchat.spec.guessers import AutoGuesser, DraftGuesser, Guesser, MtpGuesser, NoGuesser, build
-from specchat.spec.policy import CostCurve
-from specchat.spec.sampling import SamplingConfig, logits_to_probs
 from specchat.tools.ties import parting
 
 pytestmark = pytest.mark.real  # the default tokenizer is copied from SmolLM2's GGUF, fetched from the registry
@@ -277,7 +277,7 @@ def test_mtp_drafts_of_two_tokens_leave_the_first_three_tokens_exactly_the_targe
     them whenever both guesses hold) against the target's joint from fresh decodes, on a soft cycle model
     whose head is confident where the target is not. The control draws each correction from p instead of
     the residual max(p - q, 0): the same test then rejects."""
-    import specchat.spec.verify as verify_module
+    import specchat.decoding.verify as verify_module
 
     if plant:
         monkeypatch.setattr(verify_module, "_residual", lambda p, q, x: p)

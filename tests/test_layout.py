@@ -20,19 +20,19 @@ PACKAGE = REPO / "app"  # installs as `specchat`
 
 # A layer is a folder of app/: what each may import from specchat, besides its own modules and
 # specchat.errors. The UI is on top, beside the server; both adapt the conversation service, which
-# sits on models, store and spec; spec drives llama.cpp through llama. tools (measuring) may use
+# sits on models, store and decoding; decoding drives llama.cpp through llama. tools (measuring) may use
 # anything; cli is the entry point. Every folder must be named here (a new one cannot slip past).
 ALLOWED = {
     "llama": set(),
-    "spec": {"llama"},
-    "store": {"spec"},  # settings validate sampling values and guesser names
+    "decoding": {"llama"},
+    "store": set(),
     "models": {"store", "llama"},  # model management reads tokenizers without weights
-    "service": {"llama", "spec", "models", "store"},
-    "ui": {"llama", "spec", "models", "store", "service"},
-    "server": {"llama", "spec", "models", "store", "service"},  # specchat serve: beside the UI, never using it
-    "tools": {"llama", "spec", "models", "store", "service", "ui", "server"},
+    "service": {"llama", "decoding", "models", "store"},
+    "ui": {"llama", "decoding", "models", "store", "service"},
+    "server": {"llama", "decoding", "models", "store", "service"},  # specchat serve: beside the UI, never using it
+    "tools": {"llama", "decoding", "models", "store", "service", "ui", "server"},
 }
-NO_TEXTUAL = {"llama", "spec", "models", "store", "service", "server"}
+NO_TEXTUAL = {"llama", "decoding", "models", "store", "service", "server"}
 TOP_LEVEL = {"__init__", "__main__", "cli", "errors"}  # the only modules outside a layer
 
 
@@ -42,7 +42,7 @@ def layers() -> set[str]:
 
 
 def layer_of(module: str) -> str | None:
-    """'specchat.spec.engine' -> 'spec'; None for what is not a layer (cli, errors, other packages)."""
+    """'specchat.decoding.engine' -> 'decoding'; None for what is not a layer (cli, errors, other packages)."""
     parts = module.split(".")
     if parts[0] != "specchat" or len(parts) < 2 or parts[1] not in ALLOWED:
         return None
@@ -162,13 +162,13 @@ def test_no_modules_import_each_other():
 
 def test_the_cycle_check_finds_a_cycle_through_a_lazy_import(tmp_path, monkeypatch):
     package = tmp_path / "app"
-    (package / "spec").mkdir(parents=True)
-    (package / "spec" / "a.py").write_text("from specchat.spec.b import x\n")
-    (package / "spec" / "b.py").write_text("def x():\n    from specchat.spec.a import y\n")
-    (package / "spec" / "c.py").write_text("from typing import TYPE_CHECKING\n"
-                                           "if TYPE_CHECKING:\n    from specchat.spec.a import y\n")
+    (package / "decoding").mkdir(parents=True)
+    (package / "decoding" / "a.py").write_text("from specchat.decoding.b import x\n")
+    (package / "decoding" / "b.py").write_text("def x():\n    from specchat.decoding.a import y\n")
+    (package / "decoding" / "c.py").write_text("from typing import TYPE_CHECKING\n"
+                                           "if TYPE_CHECKING:\n    from specchat.decoding.a import y\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
-    assert cycles(package) == [["specchat.spec.a", "specchat.spec.b"]]  # c's typing-only import is no cycle
+    assert cycles(package) == [["specchat.decoding.a", "specchat.decoding.b"]]  # c's typing-only import is no cycle
 
 
 def test_every_module_lives_in_a_layer_folder():
@@ -179,21 +179,21 @@ def test_every_module_lives_in_a_layer_folder():
 def test_the_layer_check_fails_on_a_forbidden_import(tmp_path, monkeypatch):
     """The check above could pass by finding nothing: show it catches each kind of violation."""
     fake = tmp_path / "app"
-    for layer in ("spec", "store", "service", "extras"):
+    for layer in ("decoding", "store", "service", "extras"):
         (fake / layer).mkdir(parents=True)
         (fake / layer / "__init__.py").write_text("")
-    (fake / "spec" / "engine.py").write_text("from specchat.ui.app import SpecchatApp\n")
+    (fake / "decoding" / "engine.py").write_text("from specchat.ui.app import SpecchatApp\n")
     (fake / "store" / "files.py").write_text("def f():\n    import textual.app\n")
     (fake / "service" / "chat.py").write_text("from specchat.ui import widgets\nfrom specchat import cli\n")
     (fake / "backend.py").write_text("")  # a layer the folders do not show
-    (tmp_path / "pyproject.toml").write_text('[tool.setuptools]\npackages = ["specchat", "specchat.spec"]\n')
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools]\npackages = ["specchat", "specchat.decoding"]\n')
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     found = violations(sorted(fake.rglob("*.py")))
     assert found == [
-        "app/service/chat.py:1 imports specchat.ui, but service may only use ['llama', 'models', 'spec', 'store']",
+        "app/decoding/engine.py:1 imports specchat.ui.app, but decoding may only use ['llama']",
+        "app/service/chat.py:1 imports specchat.ui, but service may only use ['decoding', 'llama', 'models', 'store']",
         "app/service/chat.py:2 imports specchat.cli, but only the entry point may use the command line",
-        "app/spec/engine.py:1 imports specchat.ui.app, but spec may only use ['llama']",
         "app/store/files.py:2 imports textual.app, but nothing below the UI may use Textual",
     ]
     assert layout_problems() == [
@@ -206,7 +206,7 @@ def test_the_layer_check_fails_on_a_forbidden_import(tmp_path, monkeypatch):
 
 
 def test_reading_settings_and_the_catalog_loads_neither_llama_cpp_nor_textual(tmp_path):
-    code = ("import sys; from specchat.store.settings import load_settings; from specchat.models.catalog import "
+    code = ("import sys; from specchat.service.settings import load_settings; from specchat.models.catalog import "
             "load_catalog; load_settings(); load_catalog(); "
             "print(sorted(m for m in ('llama_cpp', 'textual') if m in sys.modules))")
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
@@ -277,7 +277,7 @@ def _stack_modules(frame) -> list[str]:
 
 def _upward(frame) -> str | None:
     """The call that this frame's function received, if it came from a layer that may not use the callee's:
-    spec calling a service method, say. A callback the upper layer handed down (a lambda or a nested
+    decoding calling a service method, say. A callback the upper layer handed down (a lambda or a nested
     function: progress lines, auto's early stop) is the upper layer's own choice, and passes."""
     callee = layer_of(frame.f_globals.get("__name__", ""))
     if callee is None or "<lambda>" in frame.f_code.co_qualname or "<locals>" in frame.f_code.co_qualname:
@@ -295,7 +295,7 @@ def _upward(frame) -> str | None:
 @pytest.mark.real
 def test_the_walk_from_pair_to_the_engine_goes_down_and_enters_each_module_once(smol_path, capsys):
     """A real `specchat generate --pair`, traced: at every call into specchat, no module is on the stack
-    twice, and no call goes up a layer (building auto once measured the cost curve from inside spec, through
+    twice, and no call goes up a layer (building auto once measured the cost curve from inside decoding, through
     the pair's methods in the service's loader: both checks now catch that). Neither would show in the
     imports, which may be lazy or typed."""
     from specchat import cli
@@ -326,5 +326,5 @@ def test_the_walk_from_pair_to_the_engine_goes_down_and_enters_each_module_once(
     walk = {"specchat.cli", "specchat.service.choices", "specchat.service.local", "specchat.service.loader",
             "specchat.service.pair", "specchat.models.catalog", "specchat.models.fetch", "specchat.llama.model",
             "specchat.llama.vocab", "specchat.service.chat", "specchat.llama.template",
-            "specchat.spec.guessers.registry", "specchat.spec.guessers.auto", "specchat.spec.engine"}
+            "specchat.decoding.guessers.registry", "specchat.decoding.guessers.auto", "specchat.decoding.engine"}
     assert walk <= seen, f"the trace missed {sorted(walk - seen)}"

@@ -220,7 +220,7 @@ def test_app_offline_setting_refuses_to_fetch(guarded, tmp_path, ghost_catalog):
 
 def test_the_offline_setting_survives_save_and_load(tmp_path):
     """The app saves its settings as TOML: the switch must come back as it was written."""
-    from specchat.store.settings import Settings, load_settings, save_settings
+    from specchat.service.settings import Settings, load_settings, save_settings
 
     save_settings(Settings(offline=True, guesser="none"), tmp_path / "config.toml")
     assert load_settings(tmp_path / "config.toml") == (Settings(offline=True, guesser="none"), [])

@@ -22,14 +22,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from reliability import tally
 
+from specchat.decoding.guessers import GUESSERS, LookupGuesser, lookup, lookup_match, matches
+from specchat.decoding.sampling import SamplingConfig, logits_to_probs, sample
+from specchat.decoding.textstream import TextStream
+from specchat.decoding.verify import verify, verify_greedy
 from specchat.errors import SpecchatError
 from specchat.models.catalog import load_catalog
 from specchat.models.fetch import models_dir
-from specchat.spec.guessers import GUESSERS, LookupGuesser, lookup, lookup_match, matches
-from specchat.spec.sampling import SamplingConfig, logits_to_probs, sample
-from specchat.spec.textstream import TextStream
-from specchat.spec.verify import verify, verify_greedy
-from specchat.store.settings import Settings, load_settings
+from specchat.service.settings import Settings, load_settings
 from specchat.store.tomlpos import dotted_key, key_line
 
 # No .hypothesis/ folder in the shared working tree; no deadline, as a busy machine is not a bug.

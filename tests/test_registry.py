@@ -8,9 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from specchat import cli
-from specchat.errors import SpecchatError
-from specchat.server.api import ChatRequest
-from specchat.spec.guessers import (
+from specchat.decoding.guessers import (
     GUESSERS,
     REGISTRY,
     AutoGuesser,
@@ -21,8 +19,10 @@ from specchat.spec.guessers import (
     build,
     unavailable,
 )
-from specchat.spec.policy import CostCurve
-from specchat.store.settings import Settings
+from specchat.decoding.policy import CostCurve
+from specchat.errors import SpecchatError
+from specchat.server.api import ChatRequest
+from specchat.service.settings import Settings
 
 
 def inputs(draft: object | None = None, warnings: tuple[str, ...] = (), rewinds: bool = True, **more) -> Inputs:
@@ -43,7 +43,7 @@ def test_what_runs_depends_on_what_the_pair_has():
 
 
 def test_auto_is_built_from_the_curve_it_is_given_and_measures_nothing():
-    # Building a guesser reaches nothing above spec: auto takes the live curve the service measured, the
+    # Building a guesser reaches nothing above decoding: auto takes the live curve the service measured, the
     # same object (which the service keeps current), and without one it is a one-line error, not a measurement.
     curve = CostCurve([0.02, 0.03, 0.04])
     auto = build("auto", inputs(curve=curve))

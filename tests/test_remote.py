@@ -15,6 +15,7 @@ from fakes import FakeBackend
 from test_ui import answered, send, until
 
 from specchat import cli
+from specchat.decoding.engine import Done, GenerationConfig, Prefill, Step
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.backend import Chunk
@@ -31,9 +32,8 @@ from specchat.service.remote import (
     spec_counters,
     stats_from_timings,
 )
-from specchat.spec.engine import Done, GenerationConfig, Prefill, Step
+from specchat.service.settings import load_settings
 from specchat.store.conversations import MIGRATIONS, Store
-from specchat.store.settings import load_settings
 from specchat.ui.app import SpecchatApp
 from specchat.ui.screens import ErrorScreen
 from specchat.ui.widgets import MessageView, StatsPanel
@@ -157,7 +157,7 @@ def test_a_server_that_reports_nothing_gives_tokens_per_second_from_the_stream()
 
 
 def test_sampling_settings_and_the_chosen_model_reach_the_server():
-    from specchat.spec.sampling import SamplingConfig
+    from specchat.decoding.sampling import SamplingConfig
 
     with serving(FakeServer()) as server:
         backend = loaded(server.url, model="fake-other")

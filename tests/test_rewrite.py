@@ -45,8 +45,8 @@ def test_word_diff_marks_the_changed_words_inside_a_paragraph():
 
 
 def test_a_rewrite_is_requests_that_fit_the_context_and_answer_in_full():
+    from specchat.decoding.engine import GenerationConfig
     from specchat.service.documents import rewrite_requests
-    from specchat.spec.engine import GenerationConfig
 
     paras = [" ".join(f"w{i}" for i in range(n, n + 150)) for n in range(0, 1500, 150)]  # 10 paragraphs of 150 words
     requests = rewrite_requests("Fix it.", "\n\n".join(paras), 1024, words, GenerationConfig(max_tokens=512, stop=("x",)))

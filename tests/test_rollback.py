@@ -23,6 +23,9 @@ import plants
 import pytest
 import tiny_gguf
 
+from specchat.decoding.engine import GenerationConfig, Prefill, final
+from specchat.decoding.policy import CostCurve
+from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
 from specchat.llama.session import Memory, Session
@@ -30,9 +33,6 @@ from specchat.llama.template import Message
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
 from specchat.service.loader import load_pair
-from specchat.spec.engine import GenerationConfig, Prefill, final
-from specchat.spec.policy import CostCurve
-from specchat.spec.sampling import SamplingConfig
 
 VOCAB = 40
 PROBE = 7

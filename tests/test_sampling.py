@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from specchat.decoding.sampling import SamplingConfig, logits_to_probs, sample
 from specchat.errors import SpecchatError
-from specchat.spec.sampling import SamplingConfig, logits_to_probs, sample
 
 
 def test_greedy_is_one_hot_at_argmax():

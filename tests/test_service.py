@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from specchat.decoding.engine import GenerationConfig, final
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.choices import ModelChoice
 from specchat.service.costs import PairCosts
 from specchat.service.local import MEASURING, open_local
 from specchat.service.pair import LoadedPair
-from specchat.spec.engine import GenerationConfig, final
 from specchat.store.conversations import Store
 
 

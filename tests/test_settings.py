@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from specchat.decoding.guessers import GUESSERS
 from specchat.errors import SpecchatError
 from specchat.models.catalog import load_catalog, shipped_catalog_path, user_catalog_path
-from specchat.spec.guessers import GUESSERS
-from specchat.store.settings import Settings, load_settings, save_settings
+from specchat.service.settings import Settings, load_settings, save_settings
 
 USER_CONFIG = """\
 # my specchat settings

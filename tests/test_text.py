@@ -1,5 +1,5 @@
-from specchat.spec.guessers import lookup
-from specchat.spec.textstream import TextStream
+from specchat.decoding.guessers import lookup
+from specchat.decoding.textstream import TextStream
 
 
 def test_lookup_prefers_longest_ngram_and_most_recent_occurrence():

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from pooled import chi_square
 
+from specchat.decoding.verify import Tree, verify, verify_tree, verify_tree_greedy
 from specchat.llama.model import Model
-from specchat.spec.verify import Tree, verify, verify_tree, verify_tree_greedy
 
 V = 5  # the target's vocabulary
 N = 20_000
@@ -135,7 +135,7 @@ def algorithm_1(tokens: list[int], drafts: np.ndarray | None, p: np.ndarray) -> 
 def test_a_chain_keeps_and_draws_as_algorithm_1_says(monkeypatch, residual_from_p):
     """`verify` (the tree rule on a chain) against the chances written out from the paper, for a sampled
     draft and for point masses; the control draws each correction from p instead, and is caught."""
-    import specchat.spec.verify as verify_module
+    import specchat.decoding.verify as verify_module
 
     if residual_from_p:
         monkeypatch.setattr(verify_module, "_residual", lambda p, q, x: p)

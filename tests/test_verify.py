@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specchat.spec.verify import verify, verify_greedy
+from specchat.decoding.verify import verify, verify_greedy
 
 P = np.array([0.40, 0.25, 0.15, 0.10, 0.07, 0.03])
 Q_BAD = np.array([0.10, 0.10, 0.30, 0.30, 0.10, 0.10])  # a bad draft, on purpose

@@ -11,9 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from specchat.spec.engine import Done, GenerationConfig, Stats
-from specchat.spec.guessers import GUESSERS
-from specchat.spec.sampling import SamplingConfig
+from specchat.decoding.engine import Done, GenerationConfig, Stats
+from specchat.decoding.guessers import GUESSERS
+from specchat.decoding.sampling import SamplingConfig
 
 MAX_STOPS = 16  # OpenAI allows 4; llama-server any number. Each is searched for at every step.
 FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context_full": "length", "cancelled": "stop"}

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.types import Receive, Scope, Send
 
+from specchat.decoding.engine import Done, Step
 from specchat.errors import ContextFull, SpecchatError
 from specchat.llama.template import Message
 from specchat.server.api import (
@@ -36,7 +37,6 @@ from specchat.server.api import (
 )
 from specchat.server.worker import END, Busy, Failed, Worker
 from specchat.service.chat import ChatEvent, ChatService
-from specchat.spec.engine import Done, Step
 
 log = logging.getLogger("specchat.server")
 

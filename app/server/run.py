@@ -21,7 +21,7 @@ from specchat.server.app import create_app
 from specchat.server.worker import Worker
 from specchat.service.choices import ModelChoice
 from specchat.service.local import open_local
-from specchat.store.settings import API_KEY_ENV, resolve_api_key
+from specchat.service.settings import API_KEY_ENV, resolve_api_key
 
 GRACE_S = 3  # how long open requests get to end once the server is told to stop
 STOP_WAIT_S = 30.0  # a prefill under way cannot be interrupted: how long to wait for it at exit

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from specchat.decoding.engine import Done
 from specchat.errors import SpecchatError
-from specchat.spec.engine import Done
 
 log = logging.getLogger("specchat.server")
 

@@ -14,11 +14,11 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence, Union
 
+from specchat.decoding.engine import Event, GenerationConfig
 from specchat.llama.template import Message
 from specchat.models.fetch import Progress
 from specchat.service.chat import Notice
 from specchat.service.choices import ModelChoice, RemoteChoice
-from specchat.spec.engine import Event, GenerationConfig
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Sequence, Union
 
+from specchat.decoding.engine import Done, Engine, Event, GenerationConfig, Stats, Step
+from specchat.decoding.guessers import REGISTRY, Guesser, Inputs, available, build, unavailable
 from specchat.errors import SpecchatError
 from specchat.llama.template import ChatPrompter, Message
 from specchat.service.costs import machine_turns
 from specchat.service.history import History
 from specchat.service.pair import LoadedPair
-from specchat.spec.engine import Done, Engine, Event, GenerationConfig, Stats, Step
-from specchat.spec.guessers import REGISTRY, Guesser, Inputs, available, build, unavailable
 
 # Room kept for the answer when old turns must go: the max-tokens setting, up to this much.
 ANSWER_ROOM = 256

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specchat.spec.engine import GenerationConfig
-from specchat.spec.sampling import SamplingConfig
-from specchat.store.settings import Settings
+from specchat.decoding.engine import GenerationConfig
+from specchat.decoding.sampling import SamplingConfig
+from specchat.service.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,12 @@ from typing import Callable, Iterator
 import numpy as np
 from filelock import FileLock, Timeout
 
+from specchat.decoding.calibrate import MAX_POSITIONS, Calibration, conservative, measure_curve
+from specchat.decoding.engine import Done, Step
+from specchat.decoding.policy import CostCurve, Rollback
+from specchat.decoding.timing import StepTimes
 from specchat.llama.model import Model
 from specchat.llama.mtp import MtpHead
-from specchat.spec.calibrate import MAX_POSITIONS, Calibration, conservative, measure_curve
-from specchat.spec.engine import Done, Step
-from specchat.spec.policy import CostCurve, Rollback
-from specchat.spec.timing import StepTimes
 from specchat.store.files import cache_file, read_cache, update_cache
 
 COSTS = "costs.json"  # this machine's cost curves, in the user cache dir

@@ -9,9 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from specchat.decoding.engine import GenerationConfig
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
-from specchat.spec.engine import GenerationConfig
 from specchat.store.files import atomic_write
 
 PRESETS = {

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
-from specchat.spec.history import HistoryIndex
+from specchat.decoding.history import HistoryIndex
 from specchat.store.conversations import Store
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@ model or the target's own MTP layers where there are any.
 
 The app, the CLI and every measuring tool load through `load_pair`, so a draft is always checked
 against its target the same way. Guessers are built from the loaded pair by the registry
-(`specchat.spec.guessers.registry`).
+(`specchat.decoding.guessers.registry`).
 """
 
 from __future__ import annotations

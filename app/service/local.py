@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Iterator, Sequence
 
+from specchat.decoding.engine import GenerationConfig
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.models.fetch import Progress
@@ -15,7 +16,6 @@ from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice, RemoteChoice
 from specchat.service.history import History
 from specchat.service.loader import load_pair
-from specchat.spec.engine import GenerationConfig
 from specchat.store.conversations import Store
 
 MEASURING = "measuring this machine's decode costs (first run only)"

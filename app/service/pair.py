@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+from specchat.decoding.guessers import Inputs
+from specchat.decoding.history import HistoryIndex
+from specchat.decoding.policy import CostCurve
 from specchat.llama.model import Model
 from specchat.llama.mtp import MtpHead
 from specchat.service.costs import PairCosts
-from specchat.spec.guessers import Inputs
-from specchat.spec.history import HistoryIndex
-from specchat.spec.policy import CostCurve
 
 
 class LoadedPair:
@@ -29,7 +29,7 @@ class LoadedPair:
 
     @property
     def capabilities(self) -> frozenset[str]:
-        """What guessers may need that these models have (spec.guessers.NEEDS); a service with the user's
+        """What guessers may need that these models have (decoding.guessers.NEEDS); a service with the user's
         conversations adds "history"."""
         has = {"rewind": self.rewinds, "draft": self.draft is not None, "mtp": self.mtp is not None}
         return frozenset(need for need, there in has.items() if there and (need == "rewind" or self.rewinds))

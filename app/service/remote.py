@@ -24,14 +24,14 @@ import urllib.request
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from specchat.decoding.engine import Done, GenerationConfig, Prefill, Stats
+from specchat.decoding.guessers import GUESSERS
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.models.fetch import Progress
 from specchat.service.backend import BackendEvent, Baseline, Chunk
 from specchat.service.choices import RemoteChoice
-from specchat.spec.engine import Done, GenerationConfig, Prefill, Stats
-from specchat.spec.guessers import GUESSERS
-from specchat.store.settings import API_KEY_ENV
+from specchat.service.settings import API_KEY_ENV
 
 if TYPE_CHECKING:  # the client is an optional extra
     import openai

@@ -13,12 +13,12 @@ import statistics
 import sys
 from collections import defaultdict
 
+from specchat.decoding.engine import GenerationConfig, Stats, final
+from specchat.decoding.guessers import AutoGuesser, build
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.choices import ModelChoice
 from specchat.service.local import open_local
-from specchat.spec.engine import GenerationConfig, Stats, final
-from specchat.spec.guessers import AutoGuesser, build
 from specchat.tools.promptsets import load_prompts
 from specchat.tools.replay import modelled_seconds, oracle_lookup_seconds, tokens_per_step_formula
 

@@ -24,10 +24,10 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from specchat.decoding.guessers import AutoGuesser, BaseGuesser, Guesser, Proposal
+from specchat.decoding.policy import PRIORS, CostCurve, Priors
+from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError
-from specchat.spec.guessers import AutoGuesser, BaseGuesser, Guesser, Proposal
-from specchat.spec.policy import PRIORS, CostCurve, Priors
-from specchat.spec.sampling import SamplingConfig
 from specchat.tools.replay import accepted
 
 FOLDS = ("fit", "held-out")

@@ -155,7 +155,7 @@ async def _rewrite(pilot, app, doc: Path, report: Report) -> None:
 
 async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 0,
                 final_only: bool = False, min_turns: int = 0) -> Report:
-    from specchat.store.settings import Settings, save_settings
+    from specchat.service.settings import Settings, save_settings
     from specchat.ui.app import SpecchatApp
     from specchat.ui.widgets import StatsPanel
 
@@ -213,7 +213,7 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
 def _record_ids(backend, report: Report) -> None:
     """Keep the next answer's prompt and token ids: a difference from the fresh process's answer is
     then explained (or not) token by token."""
-    from specchat.spec.engine import Done
+    from specchat.decoding.engine import Done
 
     chat = backend.chat
 

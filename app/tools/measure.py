@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from specchat.decoding.engine import GenerationConfig, final
+from specchat.decoding.policy import MATCH_BUCKETS, match_bucket
+from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
 from specchat.service.local import open_local
-from specchat.spec.engine import GenerationConfig, final
-from specchat.spec.policy import MATCH_BUCKETS, match_bucket
-from specchat.spec.sampling import SamplingConfig
 from specchat.tools.promptsets import load_prompts
 from specchat.tools.replay import (
     lookup_2gram_hits,

@@ -13,10 +13,10 @@ from typing import Sequence
 
 import numpy as np
 
-from specchat.spec.guessers import BaseGuesser, Proposal
-from specchat.spec.guessers.copying import lookup_match, matches
-from specchat.spec.policy import MATCH_BUCKETS, CostCurve, best_length, match_bucket
-from specchat.spec.sampling import SamplingConfig
+from specchat.decoding.guessers import BaseGuesser, Proposal
+from specchat.decoding.guessers.copying import lookup_match, matches
+from specchat.decoding.policy import MATCH_BUCKETS, CostCurve, best_length, match_bucket
+from specchat.decoding.sampling import SamplingConfig
 from specchat.tools.corpus import Answer
 from specchat.tools.replay import oracle_lookup_seconds
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from specchat.spec.guessers import Guesser, lookup, lookup_match
-from specchat.spec.policy import CostCurve, expected_tokens
-from specchat.spec.sampling import SamplingConfig
+from specchat.decoding.guessers import Guesser, lookup, lookup_match
+from specchat.decoding.policy import CostCurve, expected_tokens
+from specchat.decoding.sampling import SamplingConfig
 
 if TYPE_CHECKING:  # replaying needs no llama.cpp
     from specchat.llama.model import Model

@@ -24,9 +24,9 @@ from specchat.models.catalog import Catalog, load_catalog
 from specchat.service.backend import Backend, BackendFactory
 from specchat.service.choices import ModelChoice, RemoteChoice, same_models, where_to_chat
 from specchat.service.local import open_backend
+from specchat.service.settings import Settings, load_settings, save_settings
 from specchat.store.conversations import Store
 from specchat.store.files import log_path
-from specchat.store.settings import Settings, load_settings, save_settings
 from specchat.ui.chat import ChatScreen
 from specchat.ui.conversations import ConversationSearch
 from specchat.ui.screens import ErrorScreen, HelpScreen, SettingsScreen

@@ -24,12 +24,12 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, Static, TextArea
 from textual.widgets.markdown import MarkdownFence
 
+from specchat.decoding.engine import ENGINE_FIGURES
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.choices import generation
 from specchat.service.conversation import ConversationController
 from specchat.service.documents import read_document
-from specchat.spec.engine import ENGINE_FIGURES
 from specchat.ui.conversations import ConversationList
 from specchat.ui.screens import ConfirmScreen, PromptScreen
 from specchat.ui.streaming import GenerationBatch, Pump

@@ -16,6 +16,7 @@ from textual.message import Message as TMessage
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Select, Static, TextArea
 
+from specchat.decoding.engine import GenerationConfig
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.backend import Backend
@@ -29,8 +30,7 @@ from specchat.service.documents import (
     saved_form,
     word_diff,
 )
-from specchat.spec.engine import GenerationConfig
-from specchat.store.settings import Settings
+from specchat.service.settings import Settings
 from specchat.ui.screens import ConfirmScreen
 from specchat.ui.streaming import GenerationBatch, Pump
 from specchat.ui.widgets import StatsPanel

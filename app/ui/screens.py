@@ -10,11 +10,11 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TextArea
 
+from specchat.decoding.guessers import GUESSERS
 from specchat.errors import SpecchatError
 from specchat.models.catalog import Catalog, load_catalog, size_text
 from specchat.models.fetch import on_disk
-from specchat.spec.guessers import GUESSERS
-from specchat.store.settings import Settings
+from specchat.service.settings import Settings
 from specchat.ui.models import ModelsScreen
 from specchat.ui.paths import PathSuggester
 

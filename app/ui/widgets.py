@@ -12,8 +12,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
+from specchat.decoding.engine import ENGINE_FIGURES, Done, Source, Stats, Step
 from specchat.service.backend import Baseline, Chunk
-from specchat.spec.engine import ENGINE_FIGURES, Done, Source, Stats, Step
 from specchat.ui.streaming import Piece
 
 SOURCE_STYLE = {

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from specchat.spec.guessers.base import BaseGuesser, Proposal
-from specchat.spec.sampling import SamplingConfig, logits_to_probs, sample
+from specchat.decoding.guessers.base import BaseGuesser, Proposal
+from specchat.decoding.sampling import SamplingConfig, logits_to_probs, sample
 
 if TYPE_CHECKING:  # settings validate guesser names without loading llama.cpp
     from specchat.llama.model import Model

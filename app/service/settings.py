@@ -17,9 +17,9 @@ import platformdirs
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
+from specchat.decoding.guessers import GUESSERS
+from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError
-from specchat.spec.guessers import GUESSERS
-from specchat.spec.sampling import SamplingConfig
 from specchat.store.files import atomic_write
 from specchat.store.tomlpos import locate
 

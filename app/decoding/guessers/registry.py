@@ -5,24 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Collection, Sequence
 
+from specchat.decoding.guessers.auto import AutoGuesser
+from specchat.decoding.guessers.base import Guesser, NoGuesser
+from specchat.decoding.guessers.copying import HistoryGuesser, LookupGuesser
+from specchat.decoding.guessers.drafting import DraftGuesser, MtpGuesser
+from specchat.decoding.policy import CostCurve
 from specchat.errors import SpecchatError
-from specchat.spec.guessers.auto import AutoGuesser
-from specchat.spec.guessers.base import Guesser, NoGuesser
-from specchat.spec.guessers.copying import HistoryGuesser, LookupGuesser
-from specchat.spec.guessers.drafting import DraftGuesser, MtpGuesser
-from specchat.spec.policy import CostCurve
 
 if TYPE_CHECKING:
+    from specchat.decoding.history import HistoryIndex
     from specchat.llama.model import Model
     from specchat.llama.mtp import MtpHead
-    from specchat.spec.history import HistoryIndex
 
 
 @dataclass(frozen=True)
 class Inputs:
     """What guessers are built from, assembled by the service: the loaded models, what they can do, this
     machine's live cost curve (None where nothing built from these weighs costs) and the user's past
-    conversations. Fixed inputs: building a guesser measures nothing and reaches nothing above `spec`."""
+    conversations. Fixed inputs: building a guesser measures nothing and reaches nothing above `decoding`."""
 
     target: Model
     draft: Model | None = None

@@ -16,8 +16,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from specchat.spec.policy import MatchAcceptance
-from specchat.spec.sampling import SamplingConfig
+from specchat.decoding.policy import MatchAcceptance
+from specchat.decoding.sampling import SamplingConfig
 
 MAX_MATCH = 32  # tokens of context compared behind a place
 MAX_PLACES = 64  # the latest places of a pair examined per proposal: bounds its time on a long history

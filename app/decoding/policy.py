@@ -38,7 +38,7 @@ class Rollback:
 @dataclass
 class CostCurve:
     """Seconds to verify n positions (n = 1..len). The service keeps one per pair current from real
-    steps (`specchat.spec.timing`); the guessers read it."""
+    steps (`specchat.decoding.timing`); the guessers read it."""
 
     verify_s: list[float]  # verify_s[n - 1] is the cost of n positions
     draft_s: float = 0.0  # one draft-model token

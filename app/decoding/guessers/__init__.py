@@ -5,11 +5,11 @@ auto, which picks among them at every step by this machine's costs (`auto`), and
 them all for the command line, the settings, the app and the server (`registry`).
 """
 
-from specchat.spec.guessers.auto import AutoGuesser, Drafter
-from specchat.spec.guessers.base import BaseGuesser, Guesser, NoGuesser, Proposal
-from specchat.spec.guessers.copying import HistoryGuesser, LookupGuesser, lookup, lookup_match, matches
-from specchat.spec.guessers.drafting import DraftGuesser, MtpGuesser, draft_tokens
-from specchat.spec.guessers.registry import GUESSERS, NEEDS, REGISTRY, Entry, Inputs, available, build, unavailable
+from specchat.decoding.guessers.auto import AutoGuesser, Drafter
+from specchat.decoding.guessers.base import BaseGuesser, Guesser, NoGuesser, Proposal
+from specchat.decoding.guessers.copying import HistoryGuesser, LookupGuesser, lookup, lookup_match, matches
+from specchat.decoding.guessers.drafting import DraftGuesser, MtpGuesser, draft_tokens
+from specchat.decoding.guessers.registry import GUESSERS, NEEDS, REGISTRY, Entry, Inputs, available, build, unavailable
 
 __all__ = ["AutoGuesser", "BaseGuesser", "DraftGuesser", "Drafter", "Entry", "GUESSERS", "Guesser", "HistoryGuesser",
            "Inputs", "LookupGuesser", "MtpGuesser", "NEEDS", "NoGuesser", "Proposal", "REGISTRY", "available", "build",

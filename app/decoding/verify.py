@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specchat.spec.sampling import sample
+from specchat.decoding.sampling import sample
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from specchat.spec.guessers.base import BaseGuesser, Proposal
-from specchat.spec.guessers.copying import matches
-from specchat.spec.policy import (
+from specchat.decoding.guessers.base import BaseGuesser, Proposal
+from specchat.decoding.guessers.copying import matches
+from specchat.decoding.policy import (
     PRIORS,
     Acceptance,
     CostCurve,
@@ -19,11 +19,11 @@ from specchat.spec.policy import (
     best_length,
     keep_drafting,
 )
-from specchat.spec.sampling import SamplingConfig
-from specchat.spec.verify import Tree
+from specchat.decoding.sampling import SamplingConfig
+from specchat.decoding.verify import Tree
 
 if TYPE_CHECKING:
-    from specchat.spec.history import HistoryIndex
+    from specchat.decoding.history import HistoryIndex
 
 
 class Drafter(Protocol):

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from specchat.spec.guessers.base import BaseGuesser, Proposal
-from specchat.spec.sampling import SamplingConfig
+from specchat.decoding.guessers.base import BaseGuesser, Proposal
+from specchat.decoding.sampling import SamplingConfig
 
 if TYPE_CHECKING:
-    from specchat.spec.history import HistoryIndex
+    from specchat.decoding.history import HistoryIndex
 
 
 class LookupGuesser(BaseGuesser):
@@ -30,7 +30,7 @@ class LookupGuesser(BaseGuesser):
 
 
 class HistoryGuesser(BaseGuesser):
-    """Copies from the user's past conversations (`specchat.spec.history`): what followed the longest
+    """Copies from the user's past conversations (`specchat.decoding.history`): what followed the longest
     match of the context's end there, as most of those matches continued."""
 
     name = "history"

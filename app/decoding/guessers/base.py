@@ -11,8 +11,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from specchat.spec.sampling import SamplingConfig
-from specchat.spec.verify import Tree
+from specchat.decoding.sampling import SamplingConfig
+from specchat.decoding.verify import Tree
 
 
 @dataclass(frozen=True)

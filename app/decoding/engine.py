@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 
+from specchat.decoding.guessers import Guesser, NoGuesser, Proposal
+from specchat.decoding.sampling import SamplingConfig, logits_to_probs
+from specchat.decoding.textstream import TextStream
+from specchat.decoding.verify import Tree, Verdict, verify, verify_greedy, verify_tree, verify_tree_greedy
 from specchat.errors import ContextFull, SpecchatError
-from specchat.spec.guessers import Guesser, NoGuesser, Proposal
-from specchat.spec.sampling import SamplingConfig, logits_to_probs
-from specchat.spec.textstream import TextStream
-from specchat.spec.verify import Tree, Verdict, verify, verify_greedy, verify_tree, verify_tree_greedy
 
 if TYPE_CHECKING:  # the engine drives a loaded Model; importing it must not load llama.cpp
     from specchat.llama.model import Model

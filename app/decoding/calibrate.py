@@ -15,11 +15,11 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from specchat.decoding.policy import CostCurve, Rollback
+from specchat.decoding.timing import non_decreasing
 from specchat.llama.model import Model
 from specchat.llama.mtp import MtpHead
 from specchat.llama.session import Memory
-from specchat.spec.policy import CostCurve, Rollback
-from specchat.spec.timing import non_decreasing
 
 MAX_POSITIONS = 32
 REPEATS = 5  # tries per point; the lowest is kept

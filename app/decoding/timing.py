@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specchat.spec.policy import CostCurve
+from specchat.decoding.policy import CostCurve
 
 WINDOW = 24  # recent timings kept per figure
 QUANTILE = 0.25  # low enough to leave out the steps that something else slowed down
