@@ -18,6 +18,8 @@ PAUSE_S = 10.0  # the longest a paused generation waits for a cancel or a resume
 class FakeBackend:
     name = "fake-target + fake-draft"
     server = None
+    pair = ""
+    guesser_asked = False
     n_ctx = 4096
 
     def __init__(self, answer: str = "Hello **world**, this is a scripted answer.",
@@ -28,6 +30,7 @@ class FakeBackend:
         self.slowdown = slowdown  # ... and how much slower than usual its steps ran
         self.warnings: list[str] = []
         self.guessers = list(GUESSERS)
+        self.draft: str | None = "fake-draft"
         self.notice = notice  # yielded before the answer, as the real backend does when it drops turns
         self.pause_after = pause_after  # steps after which each generation waits for a cancel or a resume
         self.calls: list[tuple[list[Message], str]] = []

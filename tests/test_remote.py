@@ -434,7 +434,7 @@ def test_specchat_server_in_a_real_terminal(tmp_path, live_server):
     session = f"specchat-remote-{os.getpid()}"
     launch(session, tmp_path, 'guesser = "draft"\nmax_tokens = 48\n', "--server", live_server)
     try:
-        wait_for(session, r"ready · remote", timeout=REAL_TIMEOUT_S)
+        wait_for(session, r"ready · guesser draft \(asked\)", timeout=REAL_TIMEOUT_S)
         tmux("send-keys", "-t", session, "-l", "Count from one to twenty in words.")
         tmux("send-keys", "-t", session, "Enter")
         text = wait_for(session, r"done · figures: server timings", timeout=REAL_TIMEOUT_S)

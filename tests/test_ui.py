@@ -221,6 +221,29 @@ async def test_a_guesser_the_models_cannot_run_becomes_auto_and_says_so(tmp_path
         'guesser = "draft"' in (tmp_path / "config.toml").read_text()  # the saved choice stays the user's
 
 
+@pytest.mark.parametrize("kind", ["local", "local, draft left out", "server"])
+async def test_the_app_says_what_the_backend_runs_from_what_it_declares(tmp_path, kind):
+    """The status line, the panel and the Settings screen read what the backend says it has (its pair, its
+    draft, whether the guesser is only asked for), never what kind of backend it is."""
+    backend = FakeBackend()
+    if kind == "local, draft left out":
+        backend.draft, backend.warnings = None, ["no draft model: its file is missing"]
+    if kind == "server":
+        backend.server, backend.pair, backend.draft, backend.guesser_asked = "http://127.0.0.1:9", None, None, True
+    app = make_app(tmp_path, backend)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        status = str(app.chat.query_one("#status").render())
+        assert status.startswith("ready · guesser " + ("auto (asked)" if kind == "server" else "auto") + " · ")
+        assert status.endswith("(see the notice)") == (kind == "local, draft left out")
+        assert app.query_one(StatsPanel).guesser == ("auto (asked)" if kind == "server" else "auto")
+        app.action_settings()
+        await until(pilot, lambda: app.screen.__class__.__name__ == "SettingsScreen", "the Settings screen")
+        default = app.catalog.default_pair
+        assert app.screen.compatibility == {"local": {default: "draft compatible (checked on load)"},
+                                            "local, draft left out": {default: "no draft"}, "server": {}}[kind]
+
+
 async def test_another_pair_closes_the_old_backend_and_loads_a_new_one(tmp_path):
     made: list[tuple[ModelChoice, FakeBackend]] = []
 

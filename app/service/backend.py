@@ -48,6 +48,9 @@ class Backend(Protocol):
     n_ctx: int  # tokens the context holds (once loaded)
     warnings: list[str]  # after load: what was left out and why (e.g. a draft that failed to load)
     guessers: list[str]  # after load: the guessers it can run, in the registry's order
+    pair: str | None  # the catalog's pair it answers with ("": the default pair); None: files, or a server's model
+    draft: str | None  # after load: the draft model beside the target; None: none, or a server that does not say
+    guesser_asked: bool  # the guesser is a request (a server runs what it can) rather than what runs
 
     def load(self, progress: Progress) -> None: ...
 

@@ -69,9 +69,12 @@ class LocalBackend:
     """This machine's models: a loaded pair behind the conversation service."""
 
     server = None
+    guesser_asked = False
 
     def __init__(self, choice: ModelChoice, store: Store | None = None) -> None:
         self.choice, self.store = choice, store
+        self.pair = (choice.pair or "") if choice.target is None else None
+        self.draft: str | None = None
         self.name = "loading…"
         self.warnings: list[str] = []
         self.guessers: list[str] = []
@@ -85,6 +88,7 @@ class LocalBackend:
         progress("loading models", 0, 1)
         service = open_local(self.choice, progress, self.store)  # the app shows the warnings as notices
         self.name, self.warnings, self.guessers = service.pair.name, service.pair.warnings, service.guessers
+        self.draft = service.pair.draft.name if service.pair.draft is not None else None
         self._service = service
         progress("ready", 1, 1)
 

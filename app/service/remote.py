@@ -117,6 +117,9 @@ def stats_from_stream(n_prompt: int, n_tokens: int, prefill_s: float, stream_s: 
 class RemoteBackend:
     """A model on an OpenAI-compatible server. One generation at a time, as the engine runs."""
 
+    pair = draft = None  # the server's models are its own, and it does not say which draft it runs
+    guesser_asked = True
+
     def __init__(self, choice: RemoteChoice) -> None:
         self.choice = choice
         self.root, self.base = base_urls(choice.url)

@@ -177,12 +177,9 @@ class SpecchatApp(App[None]):
         self.chat.query_one("#progress").display = False
         for warning in backend.warnings:  # e.g. the draft failed to load: lookup and plain decoding still work
             self.notify(warning, severity="warning", timeout=20)
-        if backend.server is not None:
-            self.chat.status(f"ready · remote · {backend.name}")
-        else:
-            only = " · lookup and plain decoding only (see the notice)" if backend.warnings and \
-                "draft" not in backend.guessers else ""
-            self.chat.status(f"ready · guesser {self.settings.guesser} · {backend.name}{only}")
+        only = " · lookup and plain decoding only (see the notice)" if backend.warnings and backend.draft is None \
+            else ""
+        self.chat.status(f"ready · guesser {self.chat.guesser_label()} · {backend.name}{only}")
         self.chat.reset_stats()
         self.chat.show_context(None)
         self.chat.refresh_bindings()
@@ -201,9 +198,9 @@ class SpecchatApp(App[None]):
         except SpecchatError as e:
             self.notify(str(e), severity="error", timeout=20)
         compatibility = {}
-        if self.backend is not None and self.ready and self.backend.server is None:
-            name = self.settings.pair or self.catalog.default_pair
-            compatibility[name] = "draft compatible (checked on load)" if "draft" in self.backend.guessers else "no draft"
+        if self.backend is not None and self.ready and self.backend.pair is not None:
+            name = self.backend.pair or self.catalog.default_pair
+            compatibility[name] = "draft compatible (checked on load)" if self.backend.draft else "no draft"
         guessers = self.backend.guessers if self.backend is not None and self.ready else None
         self.push_screen(SettingsScreen(self.settings, self.catalog, compatibility, guessers), self.apply_settings)
 

@@ -278,11 +278,15 @@ class ChatScreen(Screen[None]):
     def reset_stats(self) -> None:
         """Clear the panel for the next answer (or a new backend). A server runs the guesser it is asked
         for, if it can; the panel says so."""
-        backend, settings = self.chat_app.backend, self.chat_app.settings
+        backend = self.chat_app.backend
         if backend is None:
             return
-        guesser = f"{settings.guesser} (asked)" if backend.server else settings.guesser
-        self.query_one(StatsPanel).reset(backend.name, backend.baseline(), guesser)
+        self.query_one(StatsPanel).reset(backend.name, backend.baseline(), self.guesser_label())
+
+    def guesser_label(self) -> str:
+        """The guesser setting as the backend takes it: what runs, or what a server is asked to run."""
+        backend, guesser = self.chat_app.backend, self.chat_app.settings.guesser
+        return f"{guesser} (asked)" if backend is not None and backend.guesser_asked else guesser
 
     async def _show(self, batch: GenerationBatch) -> None:
         assert self._answer is not None and self.conversation is not None
