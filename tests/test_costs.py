@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from fakes import ScriptedModel
 from filelock import FileLock
 
 from specchat.decoding.calibrate import MAX_POSITIONS, Calibration, check, conservative
@@ -121,13 +122,8 @@ def test_the_steps_of_one_generation_heal_a_poisoned_curve():
     assert AutoGuesser(CostCurve(QUIET)).propose(context, 8, greedy, rng).tokens == []
 
 
-class FakeModel:
-    def __init__(self, key: str) -> None:
-        self.cache_key = key
-
-
-def costs_for(key: str = "target") -> PairCosts:
-    return PairCosts(FakeModel(key), None, None)  # type: ignore[arg-type]
+def costs_for(name: str = "target") -> PairCosts:
+    return PairCosts(ScriptedModel(name=name), None, None)  # type: ignore[arg-type]
 
 
 def test_what_steps_teach_is_kept_for_the_next_process(monkeypatch, tmp_path):

@@ -10,6 +10,7 @@ import itertools
 
 import numpy as np
 import pytest
+from fakes import ScriptedModel
 from pooled import chi_square
 
 import specchat.decoding.verify as verify_module
@@ -17,69 +18,8 @@ from specchat.decoding.engine import Engine, GenerationConfig, final
 from specchat.decoding.guessers import DraftGuesser, LookupGuesser, Proposal
 from specchat.decoding.sampling import SamplingConfig, logits_to_probs
 from specchat.decoding.verify import Tree
-from specchat.llama.session import Memory
 
-V = 6
-
-
-class ScriptedSession:
-    """A cache that holds tokens; the logits after a context are a fixed function of its last two tokens."""
-
-    memory = Memory.TRIM
-
-    def __init__(self, model: ScriptedModel) -> None:
-        self.model, self.tokens = model, []
-
-    def common_prefix(self, tokens) -> int:
-        return next((i for i, (a, b) in enumerate(zip(self.tokens, tokens)) if a != b), min(len(self.tokens), len(tokens)))
-
-    def prefill(self, tokens) -> int:
-        cached = min(self.common_prefix(tokens), len(tokens) - 1)
-        self.rewind(cached)
-        self.tokens.extend(tokens[len(self.tokens):-1])
-        return cached
-
-    def rewind(self, n: int) -> None:
-        del self.tokens[n:]
-
-    def checkpoint(self, lasting: bool = False, reach: int | None = None) -> None:
-        pass
-
-    def decode(self, tokens, logits="last"):
-        start = len(self.tokens)
-        self.tokens.extend(tokens)
-        rows = np.stack([self.model.logits(self.tokens[:start + i + 1]) for i in range(len(tokens))])
-        return rows if logits == "all" else rows[-1:]
-
-
-    def decode_tree(self, pending, tokens, parents):
-        self.tokens.append(pending)
-        self._tree = (list(tokens), list(parents))
-        tree = Tree(tuple(tokens), tuple(parents), (None,) * len(tokens))
-        return np.stack([self.model.logits(self.tokens + [tokens[n] for n in path])
-                         for path in ([], *(tree.path(i) for i in range(len(tokens))))])
-
-    def keep_path(self, path) -> None:
-        self.tokens.extend(self._tree[0][n] for n in path)
-
-
-class ScriptedModel:
-    n_ctx, n_batch, n_vocab, tree_branches = 256, 64, V, 4
-
-    def __init__(self, seed: int, sharpness: float) -> None:
-        self.table = np.random.default_rng(seed).normal(0, sharpness, (V, V, V))
-        self.session = ScriptedSession(self)
-
-    def logits(self, context) -> np.ndarray:
-        return self.table[context[-2] if len(context) > 1 else 0, context[-1]]
-
-    def is_eog(self, token: int) -> bool:
-        return False
-
-    def piece(self, token: int, special: bool = False) -> bytes:
-        return bytes([97 + token])
-
-
+V = ScriptedModel().n_vocab  # six tokens
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # lookup proposes 3, 1, 2, ... here
 T1 = SamplingConfig(1.0)
 

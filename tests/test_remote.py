@@ -1,5 +1,5 @@
 """The app on a remote engine: RemoteBackend and `specchat --server` against a small OpenAI-compatible
-server started on 127.0.0.1 by each test (tests/fake_openai.py), through the official openai client."""
+server started on 127.0.0.1 by each test (tests/fakes/openai_server.py), through the official openai client."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fake_openai import ACCEPTED, DRAFTED, FakeServer, free_port, serving
 from fakes import FakeBackend
+from fakes.openai_server import ACCEPTED, DRAFTED, FakeServer, free_port, serving
 from test_ui import answered, send, until
 
 from specchat import cli
