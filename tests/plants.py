@@ -1,5 +1,5 @@
 """Bugs planted in the session's rewind, one line's worth each, for the tests that must catch them
-(tests/test_rollback.py at the logits, tests/test_hybrid.py through the greedy check). Installed with
+(tests/llama/test_rollback.py at the logits, tests/llama/test_hybrid.py through the greedy check). Installed with
 monkeypatch over `Session._snapshots_hold` and `Session._nearest_saved`."""
 
 from __future__ import annotations

@@ -3,29 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def specchat(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specchat.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
-
-
-def assert_clean_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("specchat: error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    for needle in needles:
-        assert needle in lines[0]
+from commands import assert_clean_error, specchat
 
 
 def test_missing_model_file(tmp_path):

@@ -23,9 +23,9 @@ import numpy as np
 from specchat.llama.model import Model
 
 # On good builds every parting was at a lead of at most 0.36 logits: 0.005 to 0.36 on this project's
-# 2-core Intel Xeon (the default pair, 2026-12-01, tests/test_greedy_qwen.py), 0.05 to 0.06 on its AMD
+# 2-core Intel Xeon (the default pair, 2026-12-01, tests/decoding/test_greedy_qwen.py), 0.05 to 0.06 on its AMD
 # EPYC, up to 0.16 when evaluated anew on a fresh model. A kernel or a rule that is wrong moves logits
-# by whole units (tests/test_greedy_check.py plants both).
+# by whole units (tests/decoding/test_greedy_check.py plants both).
 CEILING = 0.5
 
 

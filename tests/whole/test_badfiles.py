@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from commands import REPO, specchat
+from pilot import until
 from reliability import not_run, tally
-from test_cli import REPO, specchat
-from test_ui import until
 
 from specchat.cli import main
 from specchat.errors import SpecchatError

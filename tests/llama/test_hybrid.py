@@ -20,6 +20,7 @@ import numpy as np
 import plants
 import pytest
 import tiny_gguf
+from commands import REPO
 from greedy import compare
 from pooled import chi_square
 
@@ -37,7 +38,6 @@ from specchat.service.loader import load_pair
 from specchat.tools.ties import parting
 
 pytestmark = pytest.mark.real  # the default tokenizer is copied from SmolLM2's GGUF, fetched from the registry
-REPO = Path(__file__).resolve().parent.parent
 SMALL_VOCAB = 40
 # Verifying costs about one step whatever its length, and a drafted token a tenth of one: a GPU's
 # shape, on which auto guesses whenever it can, which is what these tests need it to do.
@@ -347,7 +347,7 @@ def test_a_second_turn_regenerate_and_edit_give_what_a_fresh_process_gives(files
         assert two.stats.cached >= one.stats.n_prompt + len(one.token_ids) - 1  # the first turn's cache, reused
         same_answer(files[arch], service.last_prompt, two.token_ids)
         prompt = service.last_prompt
-        again = answer(service, second)  # regenerate: the same history (its counters: tests/test_rollback.py)
+        again = answer(service, second)  # regenerate: the same history (its counters: tests/llama/test_rollback.py)
         assert service.last_prompt == prompt
         same_answer(files[arch], prompt, again.token_ids, two.token_ids)
         edited = second[:-1] + [Message("user", "Say it once more, in other words.")]

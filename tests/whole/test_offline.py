@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from commands import REPO
 from reliability import tally
 
 from specchat.models.fetch import models_dir
 
 pytestmark = pytest.mark.real
-REPO = Path(__file__).resolve().parent.parent
 
 SITECUSTOMIZE = r'''
 """The test's socket guard, in every Python process of the run (PYTHONPATH brings it)."""

@@ -1,6 +1,6 @@
 """At temperature 0, speculative output equals plain decoding token for token, on the real default
 pair and with every guesser. A divergence is excused only as a near-tie judged on a fresh model, under
-an absolute ceiling (`specchat.tools.ties`); tests/test_greedy_check.py shows the check failing on an
+an absolute ceiling (`specchat.tools.ties`); tests/decoding/test_greedy_check.py shows the check failing on an
 engine with planted bugs."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from specchat.llama.vocab import check_compatible
 pytestmark = pytest.mark.real
 
 PROMPTS = [json.loads(line)["prompt"] for line in
-           (Path(__file__).parent.parent / "bench" / "prompts.jsonl").read_text().splitlines()]
+           (Path(__file__).parents[2] / "bench" / "prompts.jsonl").read_text().splitlines()]
 CASES = [PROMPTS[0], PROMPTS[1], PROMPTS[6], PROMPTS[10]]  # two rewrites, two open questions
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fakes import FakeBackend
-from test_ui import answered, make_app, send, settled, until
+from pilot import answered, make_app, send, settled, until
 from textual.widgets import Input, ListView, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownFence
 

@@ -1,5 +1,5 @@
 """SVG snapshots of the main screens (pytest-textual-snapshot), on the scripted backend so that
-every number on screen is fixed. Update with `pytest tests/test_snapshots.py --snapshot-update`."""
+every number on screen is fixed. Update with `pytest tests/ui/test_snapshots.py --snapshot-update`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from fakes import FakeBackend
-from test_ui import send, until
+from pilot import send, until
 
 from specchat.store.conversations import Store
 from specchat.ui.app import SpecchatApp

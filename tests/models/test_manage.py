@@ -12,12 +12,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from commands import REPO
 
 from specchat.errors import SpecchatError
 from specchat.models.fetch import models_dir
 from specchat.models.sources import HubFile, LocalFile, parse_source, pick_hub_file, quantization
 
-REPO = Path(__file__).resolve().parent.parent
 TARGET = "qwen2.5-coder-1.5b-instruct"
 
 
@@ -154,7 +154,7 @@ def test_the_hub_file_is_picked_by_quantization_or_the_choices_are_listed():
 @pytest.mark.real
 async def test_the_models_screen_adds_a_file_and_offers_only_compatible_drafts(tmp_path, monkeypatch, smol_path,
                                                                                qwen_paths):
-    from test_ui import make_app, until
+    from pilot import make_app, until
     from textual.widgets import Button, Input, Select
 
     from specchat.ui.models import NO_DRAFT, ModelsScreen

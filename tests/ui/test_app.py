@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from fakes import FakeBackend
+from pilot import answered, make_app, send, until
 
 from specchat.server.api import timings
 from specchat.service.choices import ModelChoice
@@ -16,42 +16,6 @@ from specchat.ui.app import SpecchatApp
 from specchat.ui.rewrite import RewriteScreen
 from specchat.ui.screens import ErrorScreen
 from specchat.ui.widgets import MessageView, StatsPanel
-
-
-async def until(pilot, condition, what: str, timeout: float = 15.0) -> None:
-    """Let the app run until condition() holds (an event, not a guessed sleep)."""
-    waited = 0.0
-    while not condition():
-        assert waited < timeout, f"timed out waiting for {what}"
-        await pilot.pause(0.05)
-        waited += 0.05
-
-
-async def settled(pilot, app: SpecchatApp) -> None:
-    """Wait until every key pressed so far has been handled, before checking that one did nothing: press
-    Ctrl+T twice (provenance on, then off: harmless) and wait for the second's effect, which the chat
-    screen handles after theirs."""
-    await pilot.press("ctrl+t", "ctrl+t")
-    await until(pilot, lambda: str(app.chat.query_one("#status").render()) == "provenance off", "the keys to be handled")
-
-
-def make_app(tmp_path: Path, backend=None, **kwargs) -> SpecchatApp:
-    backend = backend or FakeBackend()
-    return SpecchatApp(backend_factory=lambda choice: backend, store=Store(tmp_path / "chat.db"),
-                       settings_path=tmp_path / "config.toml", **kwargs)
-
-
-def answered(app: SpecchatApp) -> bool:
-    """The last answer is finished and stored (it is stored as partial while it streams)."""
-    messages = app.store.messages(app.conversation_id)
-    return not app.generating and bool(messages) and messages[-1].role == "assistant" \
-        and messages[-1].status != "partial"
-
-
-async def send(pilot, app: SpecchatApp, text: str) -> None:
-    await until(pilot, lambda: app.ready, "models to load")
-    app.query_one("#input").text = text
-    await pilot.press("enter")
 
 
 async def test_send_streams_and_persists(tmp_path):

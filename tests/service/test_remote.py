@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fakes import FakeBackend
 from fakes.openai_server import ACCEPTED, DRAFTED, FakeServer, free_port, serving
-from test_ui import answered, send, until
+from pilot import answered, send, until
 
 from specchat import cli
 from specchat.decoding.engine import Done, GenerationConfig, Prefill, Step
@@ -396,7 +396,7 @@ REAL_TIMEOUT_S = 300.0  # loading the pair, measuring its cost curve once, and a
 def live_server():
     """`specchat serve` on smollm2-self (the draft guesser asked for, so that acceptance shows on a CPU)."""
     pytest.importorskip("fastapi")
-    from test_server import serving as specchat_serve
+    from serving import serving as specchat_serve
 
     with specchat_serve("--ctx", "1024") as server:
         yield f"http://127.0.0.1:{server.port}"
@@ -429,7 +429,7 @@ def test_specchat_server_in_a_real_terminal(tmp_path, live_server):
     import re
     import subprocess
 
-    from test_e2e_tmux import launch, tmux, wait_for
+    from terminal import launch, tmux, wait_for
 
     session = f"specchat-remote-{os.getpid()}"
     launch(session, tmp_path, 'guesser = "draft"\nmax_tokens = 48\n', "--server", live_server)

@@ -7,9 +7,9 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from commands import REPO
 from conftest import model_path
 
 from specchat.decoding.engine import Engine, GenerationConfig, final
@@ -18,7 +18,6 @@ from specchat.llama.model import Model
 from specchat.llama.session import Memory
 
 pytestmark = pytest.mark.real
-REPO = Path(__file__).resolve().parent.parent
 PARAGRAPH = ("The harbour master kept a ledger of every ship that came in: its name, its cargo, the day it "
              "arrived and the day it left. ")
 

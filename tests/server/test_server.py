@@ -10,119 +10,25 @@ import http.client
 import json
 import math
 import os
-import queue
-import re
-import secrets
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability import tally
+from serving import KEY, PAIR, Server, serving
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 pytestmark = pytest.mark.real
 
-KEY = "test-" + secrets.token_hex(8)
-PAIR = "smollm2-self"
 STEPS_TO_NOTICE = 8  # steps a generation may still take after its client left, before it stops
 COUNTING = "1, 2, 3, 4, 5, 6, 7, 8,"  # SmolLM2 counts on for as long as it is let (checked: 900 tokens)
-START_TIMEOUT_S = 120.0
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[str]
-    port: int
-    stderr: list[str]
-
-    def client(self, key: str = KEY, timeout: float = 60.0) -> Any:
-        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key, max_retries=0, timeout=timeout)
-
-    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
-                auth: bool = True) -> tuple[int, dict[str, str], bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            hdrs = {"Authorization": f"Bearer {KEY}"} if auth else {}
-            conn.request(method, path, body=body, headers=hdrs | (headers or {}))
-            resp = conn.getresponse()
-            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-        finally:
-            conn.close()
-
-    def post(self, path: str, obj: Any, **kw: Any) -> tuple[int, dict[str, str], Any]:
-        status, headers, body = self.request("POST", path, json.dumps(obj).encode(),
-                                             {"Content-Type": "application/json"}, **kw)
-        return status, headers, json.loads(body) if headers.get("content-type", "").startswith("application/json") \
-            else body
-
-    def health(self) -> dict[str, Any]:
-        status, _, body = self.request("GET", "/health", auth=False)
-        assert status == 200
-        return json.loads(body)
-
-    def wait_idle(self, timeout: float = 30.0) -> dict[str, Any]:
-        """/health once no generation runs or waits (bounded)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            h = self.health()
-            if not h["running"] and not h["waiting"]:
-                return h
-            time.sleep(0.05)
-        raise AssertionError(f"the server was still busy after {timeout}s: {self.health()}")
-
-    def rss_kib(self) -> int:
-        status = open(f"/proc/{self.proc.pid}/status").read()
-        return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))
-
-
-@contextmanager
-def serving(*args: str, env: dict[str, str] | None = None, models: tuple[str, ...] = ("--pair", PAIR)) -> Iterator[Server]:
-    """A `specchat serve` process on a free loopback port (port 0: the server names the one it got)."""
-    # One llama.cpp thread: on a machine busy with other work, two threads that wait for each other at
-    # every step slow down far more than one (here the file took 4 minutes instead of 30 s).
-    proc = subprocess.Popen([sys.executable, "-m", "specchat.cli", "serve", *models, "--port", "0", "--threads", "1",
-                             *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
-    lines: queue.Queue[str] = queue.Queue()
-    stderr: list[str] = []
-
-    def drain() -> None:  # keep reading, so that the pipe never fills and stalls the server
-        for line in proc.stderr:
-            stderr.append(line)
-            lines.put(line)
-
-    threading.Thread(target=drain, daemon=True).start()
-    try:
-        deadline, port = time.monotonic() + START_TIMEOUT_S, None
-        while port is None:
-            try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"the server did not start in {START_TIMEOUT_S}s: {''.join(stderr)}") from None
-            if m := re.search(r"serving .* on http://[^ ]*:(\d+)/v1", line):
-                port = int(m.group(1))
-            assert proc.poll() is None or port, f"the server exited: {''.join(stderr)}"
-        server = Server(proc, port, stderr)
-        server.wait_idle(timeout=30)
-        yield server
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:

@@ -1,8 +1,8 @@
 """The process that test_crash.py kills: the real app doing real work, with no test hooks inside.
 
-    python tests/crash_child.py chat DB CONFIG PROMPT...   chat through the app on the real models
-    python tests/crash_child.py rewrite DOC DB CONFIG      rewrite a document in the app and save it
-    python tests/crash_child.py save OUT TEXTFILE...       save each text over OUT, in a loop
+    python tests/whole/crash_child.py chat DB CONFIG PROMPT...   chat through the app on the real models
+    python tests/whole/crash_child.py rewrite DOC DB CONFIG      rewrite a document in the app and save it
+    python tests/whole/crash_child.py save OUT TEXTFILE...       save each text over OUT, in a loop
 
 The app runs headless under Textual's Pilot, on the real LocalBackend and the real Store.
 """

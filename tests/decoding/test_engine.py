@@ -104,7 +104,7 @@ def make(guesser: str, draft: Model):
     return tempered if guesser == "tempered draft" else AutoGuesser(flat_curve(), {"draft": tempered})
 
 
-# Lookup at T=1 is shown exactly on scripted models (tests/test_exact.py) and here inside auto's steps.
+# Lookup at T=1 is shown exactly on scripted models (tests/decoding/test_exact.py) and here inside auto's steps.
 @pytest.mark.parametrize("guesser", ["tempered draft", "auto"])
 def test_first_three_tokens_follow_the_targets_distribution(smol, smol_draft, guesser):
     """At T=1 (top-k 3, so the joint of three tokens has 27 cells to enumerate), with up to 4 guesses a

@@ -187,7 +187,7 @@ def test_a_tree_evaluates_each_path_as_that_path_alone(smol_trees):
     """Every node's logits are those of its path decoded as one sequence in a batch of the same size
     (batches of different sizes may round differently, so the margin is measured on linear batches of
     this size); after keeping a path the cache holds it and nothing else. (That decoding then goes on
-    as plain decoding would is the greedy-equivalence test's: tests/test_greedy_qwen.py.)"""
+    as plain decoding would is the greedy-equivalence test's: tests/decoding/test_greedy_qwen.py.)"""
     smol = smol_trees
     session = smol.session
     context = smol.tokenize("The quick brown fox jumps over the lazy dog. The quick brown")
