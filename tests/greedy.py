@@ -36,24 +36,16 @@ class RecordingEngine(Engine):
     elsewhere: int = 0  # ... and kept a path that is not the first branch's (seq 0's)
     partial: int = 0  # steps that kept some of their guesses, not all
 
-    def _verify(self, pending, draft, draft_probs, sampling, rng):
+    def _verify(self, pending, tree, sampling, rng):
         first = len(self.target.session.tokens) + 1 - self.n_prompt  # generated position of row 0
-        verdict = super()._verify(pending, draft, draft_probs, sampling, rng)
-        logits = self.target.session.last_logits(len(draft) + 1)
-        for j in range(verdict.n_accepted + 1):
-            self.rows[first + j] = np.array(logits[j])
-        self.partial += 0 < verdict.n_accepted < len(draft)
-        return verdict
-
-    def _verify_tree(self, pending, tree, sampling, rng):
-        first = len(self.target.session.tokens) + 1 - self.n_prompt
-        path, token = super()._verify_tree(pending, tree, sampling, rng)
+        path, token = super()._verify(pending, tree, sampling, rng)
         logits = self.target.session.last_logits(len(tree.tokens) + 1)
         for j, row in enumerate([0, *(n + 1 for n in path)]):  # the root's row, then each kept node's
             self.rows[first + j] = np.array(logits[row])
-        self.trees += 1
-        self.elsewhere += bool(path) and path[0] != tree.children(-1)[0]
-        self.partial += 0 < len(path) < max(len(tree.path(leaf)) for leaf in range(len(tree.tokens)))
+        if any(parent != i - 1 for i, parent in enumerate(tree.parents)):  # branches: verified as a tree
+            self.trees += 1
+            self.elsewhere += bool(path) and path[0] != tree.children(-1)[0]
+        self.partial += 0 < len(path) < max((len(tree.path(leaf)) for leaf in range(len(tree.tokens))), default=0)
         return path, token
 
     def run(self, prompt: list[int], config: GenerationConfig) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""The decode loop: draft, verify once, keep the accepted run, rewind the rest.
+"""The decode loop: guess, verify once, keep the accepted path, take back the rest.
 
 `Engine.generate` yields a stream of frozen events that the UI, the CLI and the
 benchmark all consume. The engine never imports the UI.
@@ -18,7 +18,7 @@ import numpy as np
 from specchat.decoding.guessers import Guesser, NoGuesser, Proposal
 from specchat.decoding.sampling import SamplingConfig, logits_to_probs
 from specchat.decoding.textstream import TextStream
-from specchat.decoding.verify import Tree, Verdict, verify, verify_greedy, verify_tree, verify_tree_greedy
+from specchat.decoding.verify import Tree, verify_tree, verify_tree_greedy
 from specchat.errors import ContextFull, SpecchatError
 
 if TYPE_CHECKING:  # the engine drives a loaded Model; importing it must not load llama.cpp
@@ -255,43 +255,32 @@ class Engine:
         yield Done(reason, "".join(answer), tuple(generated), replace(stats, wall_s=time.perf_counter() - t_decode))
 
     def _step(self, context: list[int], k: int, sampling: SamplingConfig, rng: np.random.Generator) -> Round:
-        """One target step, as the algorithm reads: the guesser proposes up to k tokens; the target scores
-        the pending token and every guess in one batch; the rule keeps a prefix of the guesses (a path,
-        for a tree) and adds one token of its own; the cache keeps exactly the context plus the kept
-        guesses, the rest taken back. Where the cache cannot drop positions by itself, a way back is
-        kept before the batch goes in."""
+        """One target step, as the algorithm reads: the guesser proposes up to k tokens (a chain is a tree
+        of one branch); the target scores the pending token and every guess in one batch; the rule keeps a
+        path of the guesses and adds one token of its own; the cache keeps exactly the context plus the
+        kept guesses, the rest taken back (how, the session decides). Where the cache cannot drop
+        positions by itself, a way back is kept before the batch goes in."""
         session = self.target.session
         t_draft = time.perf_counter()
         proposal = self.guesser.propose(context, k, sampling, rng)
+        tree = proposal.tree or Tree.chain(proposal.tokens, proposal.probs)  # a chain is a one-branch tree
         t_verify = time.perf_counter()
-        if proposal.tokens:
-            session.checkpoint(reach=len(proposal.tokens))
+        if tree.tokens:
+            session.checkpoint(reach=len(tree.tokens))
         t_checked = time.perf_counter()
-        if proposal.tree is None:
-            verdict = self._verify(context[-1], proposal.tokens, proposal.probs, sampling, rng)
-            kept, token, bonus = proposal.tokens[:verdict.n_accepted], verdict.token, verdict.bonus(len(proposal.tokens))
-            t_verified = time.perf_counter()
-            session.rewind(len(context) + len(kept))  # the pending token and the kept run; the rest goes
-        else:
-            tree = proposal.tree
-            path, token = self._verify_tree(context[-1], tree, sampling, rng)
-            kept, bonus = [tree.tokens[i] for i in path], bool(path) and not tree.children(path[-1])
-            t_verified = time.perf_counter()
-            session.keep_path(path)  # the pending token and the path taken; every other branch goes
+        path, token = self._verify(context[-1], tree, sampling, rng)
+        t_verified = time.perf_counter()
+        session.keep(path)  # the pending token and the path taken; every other guess goes
         t_end = time.perf_counter()
+        kept = [tree.tokens[i] for i in path]
+        bonus = not tree.children(path[-1]) if path else not tree.tokens  # every guess on the path held
         return Round(proposal, kept, token, bonus, draft_s=t_verify - t_draft, verify_s=t_end - t_verify,
                      rollback_s=(t_checked - t_verify) + (t_end - t_verified))
 
-    def _verify(self, pending: int, draft: list[int], draft_probs: np.ndarray | None,
-                sampling: SamplingConfig, rng: np.random.Generator) -> Verdict:
-        logits = self.target.session.decode([pending, *draft], "all")  # (k+1, V)
-        if sampling.greedy:
-            return verify_greedy(draft, logits.argmax(-1))
-        return verify(draft, draft_probs, logits_to_probs(logits, sampling), rng)
-
-    def _verify_tree(self, pending: int, tree: Tree, sampling: SamplingConfig,
-                     rng: np.random.Generator) -> tuple[tuple[int, ...], int]:
-        logits = self.target.session.decode_tree(pending, tree.tokens, tree.parents)  # (nodes + 1, V)
+    def _verify(self, pending: int, tree: Tree, sampling: SamplingConfig,
+                rng: np.random.Generator) -> tuple[tuple[int, ...], int]:
+        """The target scores the pending token and every guess in one batch; the rule keeps a path."""
+        logits = self.target.session.decode_guesses(pending, tree.tokens, tree.parents)  # (nodes + 1, V)
         v = verify_tree_greedy(tree, logits.argmax(-1)) if sampling.greedy else \
             verify_tree(tree, logits_to_probs(logits, sampling), rng)
         return v.path, v.token

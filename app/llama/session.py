@@ -92,6 +92,7 @@ class Session:
         self.stats = RewindStats()
         # The tree `decode_tree` evaluated, until `keep_path` keeps one of its paths: leaves, parents, tokens.
         self._tree: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self._guessed: int | None = None  # after decode_guesses of a chain: where its pending token went
 
     def close(self) -> None:
         if self._batch is not None:
@@ -263,6 +264,25 @@ class Session:
         if logits == "none":
             return np.empty((0, self.model.n_vocab), dtype=np.float32)
         return self.last_logits(len(tokens) if logits == "all" else 1)
+
+    def decode_guesses(self, pending: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        """Evaluate the pending token and the guesses after it in one batch (node i is tokens[i], after node
+        parents[i]; -1: after the pending token): rows (1 + len(tokens), n_vocab). A chain, one branch, goes
+        in as the context's own sequence, which every memory can take back; a tree with branches as one
+        sequence per leaf (`decode_tree`, attention caches only). `keep` must come next."""
+        if all(parent == i - 1 for i, parent in enumerate(parents)):
+            self._guessed = len(self.tokens)
+            return self.decode([pending, *tokens], "all")
+        self._guessed = None
+        return self.decode_tree(pending, tokens, parents)
+
+    def keep(self, path: Sequence[int]) -> None:
+        """After `decode_guesses`: keep the pending token and the guesses along `path` (root first); take
+        back the rest, by the cheapest way this memory allows."""
+        if self._guessed is None:
+            self.keep_path(path)
+        else:
+            self.rewind(self._guessed + 1 + len(path))
 
     def decode_tree(self, pending: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         """Evaluate the pending token and a tree of guesses after it in one batch (node i is tokens[i],

@@ -12,7 +12,7 @@ from greedy import compare
 from specchat.decoding.engine import Engine
 from specchat.decoding.guessers import AutoGuesser, LookupGuesser
 from specchat.decoding.policy import CostCurve
-from specchat.decoding.verify import verify_greedy
+from specchat.decoding.verify import verify_tree_greedy
 from specchat.llama.model import Model
 from specchat.llama.session import Session
 
@@ -84,11 +84,12 @@ def test_corrupted_batched_logits_fail_it(smol, smol_path, monkeypatch, size, wh
 
 
 def test_a_verification_that_reads_the_wrong_row_fails_it(smol, smol_path, monkeypatch):
-    def off_by_one(self, pending, draft, draft_probs, sampling, rng):
-        logits = np.array(self.target.session.decode([pending, *draft], "all"))
-        if draft:  # each guess judged by the row after its own
+    def off_by_one(self, pending, tree, sampling, rng):  # lookup's guesses: a chain
+        logits = np.array(self.target.session.decode_guesses(pending, tree.tokens, tree.parents))
+        if tree.tokens:  # each guess judged by the row after its own
             logits = np.roll(logits, -1, axis=0)
-        return verify_greedy(draft, logits.argmax(-1))
+        verdict = verify_tree_greedy(tree, logits.argmax(-1))
+        return verdict.path, verdict.token
 
     monkeypatch.setattr(Engine, "_verify", off_by_one)
     with pytest.raises(AssertionError, match="the engine is wrong: NOT a near-tie"):

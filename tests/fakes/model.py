@@ -57,6 +57,18 @@ class ScriptedSession:
         rows = np.stack([self.model.logits(self.tokens[:start + i + 1]) for i in range(len(tokens))])
         return rows if logits == "all" else rows[-1:]
 
+    def decode_guesses(self, pending: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
+        self._guessed = len(self.tokens) if all(p == i - 1 for i, p in enumerate(parents)) else None
+        if self._guessed is not None:
+            return self.decode([pending, *tokens], "all")
+        return self.decode_tree(pending, tokens, parents)
+
+    def keep(self, path: Sequence[int]) -> None:
+        if self._guessed is None:
+            self.keep_path(path)
+        else:
+            self.rewind(self._guessed + 1 + len(path))
+
     def decode_tree(self, pending: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
         self.tokens.append(pending)
         self._tree = (list(tokens), list(parents))
