@@ -12,6 +12,7 @@ from typing import Any, Sequence
 from specchat.decoding.guessers import GUESSERS, REGISTRY
 from specchat.errors import SpecchatError
 from specchat.models.catalog import size_text
+from specchat.service import choices
 from specchat.service.choices import ModelChoice
 
 
@@ -284,14 +285,18 @@ def _generate(args: argparse.Namespace) -> int:
 
     settings = _settings()
     config = _generation_config(args, settings)
-    guesser = args.guesser or settings.guesser
-    # The draft guesser without its draft: one line saying why, and nothing before it.
-    service = open_local(_choice(args, settings), _progress, guesser=guesser,
-                         warn=lambda line: print(f"specchat: warning: {line}", file=sys.stderr))
+    def warn(line: str) -> None:
+        print(f"specchat: warning: {line}", file=sys.stderr)
+
+    # --guesser draft without a draft: one line saying why, and nothing before it.
+    service = open_local(_choice(args, settings), _progress, guesser=args.guesser, warn=warn)
+    guesser, instead = choices.guesser(args.guesser, settings, service.guessers)
+    if instead is not None:
+        warn(instead)
     if args.raw:
         events = service.complete(args.prompt, config, guesser)
     else:
-        system = settings.system_prompt if args.system is None else args.system
+        system = choices.system_prompt(args.system, settings)
         messages = ([Message("system", system)] if system else []) + [Message("user", args.prompt)]
         events = service.chat(messages, config, guesser)
     for event in events:

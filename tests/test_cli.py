@@ -207,3 +207,16 @@ def test_pull_default_fetches_the_default_pair_and_an_unknown_name_lists_the_pai
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == [str(target), str(draft)]
     assert_clean_error(specchat("pull", "nothing", env=env), "no model or pair is named 'nothing'", "pairs: duo")
+
+
+@pytest.mark.real
+def test_the_settings_guesser_that_cannot_run_becomes_auto_and_a_given_one_is_refused(smol_path, tmp_path):
+    (tmp_path / "specchat").mkdir()
+    (tmp_path / "specchat" / "config.toml").write_text('guesser = "draft"\nmax_tokens = 4\n')
+    env = {"XDG_CONFIG_HOME": str(tmp_path)}
+    result = specchat("generate", "Say hi.", "--target", str(smol_path), env=env)  # a target with no draft
+    assert result.returncode == 0, result.stderr
+    assert "specchat: warning: the draft guesser cannot run on these models; using auto" in result.stderr
+    assert "[auto]" in result.stdout + result.stderr
+    assert_clean_error(specchat("generate", "Say hi.", "--target", str(smol_path), "--guesser", "draft", env=env),
+                       "the draft guesser needs a draft model")

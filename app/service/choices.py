@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 from specchat.decoding.engine import GenerationConfig
 from specchat.decoding.sampling import SamplingConfig
@@ -85,3 +86,19 @@ def generation(settings: Settings, temperature: float | None = None, top_k: int 
                               pick(seed, None if settings.seed < 0 else settings.seed))
     return GenerationConfig(sampling, pick(max_tokens, settings.max_tokens),
                             pick(draft_length, settings.draft_length or None))
+
+
+def guesser(given: str | None, settings: Settings, can_run: Sequence[str]) -> tuple[str, str | None]:
+    """The guesser that answers, by one rule in every front end; and a line to show when it is not the one
+    chosen. A guesser given for this request (the command line's, a server request's) runs, or is refused
+    before anything else (`open_local`, `ChatService.require`). The settings' guesser runs where it can;
+    elsewhere auto does and the line says so, and the setting stays the user's (another pair may run it)."""
+    if given is not None or settings.guesser in can_run:
+        return given or settings.guesser, None
+    return "auto", (f"the {settings.guesser} guesser cannot run on these models; using auto (your setting stays: "
+                    "choose another in Settings)")
+
+
+def system_prompt(given: str | None, settings: Settings) -> str:
+    """The system prompt: the one given (an empty one too: none), else the settings'."""
+    return settings.system_prompt if given is None else given

@@ -21,6 +21,7 @@ from textual.widgets import ProgressBar
 
 from specchat.errors import SpecchatError
 from specchat.models.catalog import Catalog, load_catalog
+from specchat.service import choices
 from specchat.service.backend import Backend, BackendFactory
 from specchat.service.choices import ModelChoice, RemoteChoice, same_models, where_to_chat
 from specchat.service.local import open_backend
@@ -166,14 +167,11 @@ class SpecchatApp(App[None]):
     def _backend_ready(self, message: BackendReady) -> None:
         backend = self.backend = message.backend
         self.ready = True
-        if self.settings.guesser not in backend.guessers:  # e.g. draft, on a pair whose draft was left out
-            # The CLI and the server refuse such a request; the app, which the user cannot resend, goes on with
-            # auto for this session and says so, unless a warning below already says what was left out (the
-            # status line then names auto). The saved setting stays theirs.
-            if not backend.warnings:
-                self.notify(f"the {self.settings.guesser} guesser cannot run on {backend.name}; using auto "
-                            "(choose another in Settings)", severity="warning", timeout=20)
-            self.settings = replace(self.settings, guesser="auto")
+        guesser, instead = choices.guesser(None, self.settings, backend.guessers)  # e.g. draft, its draft left out
+        if instead is not None:  # auto for this session; the saved setting stays the user's
+            if not backend.warnings:  # which otherwise say what was left out (the status line names auto)
+                self.notify(instead, severity="warning", timeout=20)
+            self.settings = replace(self.settings, guesser=guesser)
         self.chat.query_one("#progress").display = False
         for warning in backend.warnings:  # e.g. the draft failed to load: lookup and plain decoding still work
             self.notify(warning, severity="warning", timeout=20)

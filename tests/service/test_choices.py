@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specchat.service.choices import ModelChoice, RemoteChoice, generation, model_choice, same_models, where_to_chat
+from specchat.service.choices import (
+    ModelChoice,
+    RemoteChoice,
+    generation,
+    guesser,
+    model_choice,
+    same_models,
+    system_prompt,
+    where_to_chat,
+)
 from specchat.service.settings import Settings
 
 MINE = Settings(pair="my-7b", context=8192, threads=4, gpu_layers=20, draft_gpu_layers=0, offline=True,
@@ -52,3 +61,19 @@ def test_a_settings_change_reloads_only_when_it_changes_what_is_loaded():
                     Settings(pair="qwen-coder-1.5b", context=4096, gpu_layers=0),
                     Settings(pair="qwen-coder-1.5b", context=4096, server="http://127.0.0.1:8080")):
         assert reloads(changed), changed
+
+
+def test_one_rule_for_a_guesser_the_models_cannot_run():
+    wants_draft, plain_pair = Settings(guesser="draft"), ["auto", "none", "lookup"]
+    # The settings' guesser: it runs where it can; elsewhere auto does, and a line says so.
+    assert guesser(None, wants_draft, [*plain_pair, "draft"]) == ("draft", None)
+    instead, line = guesser(None, wants_draft, plain_pair)
+    assert instead == "auto" and line is not None and line.startswith("the draft guesser cannot run")
+    # One given for this request is the request's: it runs, or the service refuses it (never swapped).
+    assert guesser("draft", Settings(), plain_pair) == ("draft", None)
+    assert guesser("lookup", wants_draft, plain_pair) == ("lookup", None)
+
+
+def test_a_system_prompt_given_wins_even_when_empty():
+    assert system_prompt(None, MINE) == MINE.system_prompt
+    assert system_prompt("", MINE) == "" and system_prompt("Be terse.", MINE) == "Be terse."
