@@ -277,10 +277,10 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from specchat.decoding.engine import Done, Step
+    from specchat.decoding.events import Done, Step
     from specchat.llama.template import Message
-    from specchat.service.chat import Notice
     from specchat.service.conversation import against_plain
+    from specchat.service.events import Notice
     from specchat.service.local import open_local
 
     settings = _settings()

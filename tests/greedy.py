@@ -20,7 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from specchat.decoding.engine import Engine, GenerationConfig, Stats, final
+from specchat.decoding.engine import Engine, GenerationConfig, final
+from specchat.decoding.events import Stats
 from specchat.decoding.guessers import Guesser, NoGuesser
 from specchat.llama.model import Model
 from specchat.tools.ties import CEILING, Parting, parting

@@ -6,15 +6,14 @@ benchmark all consume. The engine never imports the UI.
 
 from __future__ import annotations
 
-import enum
-import functools
 import threading
 import time
-from dataclasses import astuple, dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, Union
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from specchat.decoding.events import Done, Event, Prefill, Source, Stats, Step, Token
 from specchat.decoding.guessers import Guesser, NoGuesser, Proposal
 from specchat.decoding.sampling import SamplingConfig, logits_to_probs
 from specchat.decoding.textstream import TextStream
@@ -23,139 +22,6 @@ from specchat.errors import ContextFull, SpecchatError
 
 if TYPE_CHECKING:  # the engine drives a loaded Model; importing it must not load llama.cpp
     from specchat.llama.model import Model
-
-
-class Source(enum.Enum):
-    """Where an emitted token came from."""
-
-    PLAIN = "plain"  # a step that drafted nothing
-    DRAFT = "draft"  # a drafted token the target accepted
-    CORRECTION = "correction"  # the target's own token after a rejection
-    BONUS = "bonus"  # the target's extra token after every draft was accepted
-
-
-@dataclass(frozen=True)
-class Token:
-    id: int
-    text: str  # the characters this token completed (may be "" mid UTF-8 sequence)
-    source: Source
-
-
-@dataclass(frozen=True)
-class Prefill:
-    """The prompt was evaluated; `cached` of its tokens were reused from the previous turn."""
-
-    n_prompt: int
-    cached: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Step:
-    """One target step: the tokens it emitted and what the guess cost and gained."""
-
-    tokens: tuple[Token, ...]
-    text: str  # text released to the user (held back near a possible stop string)
-    drafted: int
-    accepted: int
-    draft_s: float
-    verify_s: float  # the target's side of the step: verifying, and taking back what it rejected
-    guesser: str = "none"  # the guesser behind this step's guess: "none", "lookup", "draft" or "mtp"
-    rollback_s: float = 0.0  # of verify_s: saving the state beforehand and rewinding after (0 on most models)
-    sync_s: float = 0.0  # of draft_s: the draft's cache catching up with what earlier steps committed
-
-
-@dataclass(frozen=True)
-class Stats:
-    n_prompt: int = 0
-    cached: int = 0
-    prefill_s: float = 0.0
-    n_tokens: int = 0
-    steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    rejections: int = 0  # steps that ended on a rejected guess
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    # Wall-clock from the end of the prefill to the last step, set on Done: unlike decode_s it
-    # includes the time the consumer (the app drawing, the CLI printing) held each step.
-    wall_s: float = 0.0
-
-    @property
-    def decode_s(self) -> float:
-        return self.draft_s + self.verify_s
-
-    @property
-    def wall_tokens_per_s(self) -> float:
-        """Tokens per second as the user sees them arrive."""
-        return self.n_tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.n_tokens / self.decode_s if self.decode_s > 0 else 0.0
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.n_tokens / self.steps if self.steps else 0.0
-
-    @property
-    def acceptance(self) -> float:
-        """The fraction of drafted tokens that were kept."""
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def alpha(self) -> float:
-        """Per-position acceptance: a guess is judged only up to the first rejection, so this,
-        not `acceptance`, is the alpha of the (1 - alpha^(k+1)) / (1 - alpha) formula."""
-        judged = self.accepted + self.rejections
-        return self.accepted / judged if judged else 0.0
-
-    def plus(self, other: "Stats") -> "Stats":
-        """Both together: the figures of two generations (or two parts of one rewrite) as one."""
-        return Stats(*(a + b for a, b in zip(astuple(self), astuple(other))))
-
-    @staticmethod
-    def total(stats: Iterable["Stats"]) -> "Stats":
-        """All of them together, as one."""
-        return functools.reduce(Stats.plus, stats, Stats())
-
-    def add_step(self, step: Step) -> "Stats":
-        return Stats(self.n_prompt, self.cached, self.prefill_s, self.n_tokens + len(step.tokens), self.steps + 1,
-                     self.drafted + step.drafted, self.accepted + step.accepted,
-                     self.rejections + (step.accepted < step.drafted),
-                     self.draft_s + step.draft_s, self.verify_s + step.verify_s, self.wall_s)
-
-
-ENGINE_FIGURES = "engine"  # Done.figures when the stats are the engine's own count of its steps
-BUSY_SLOWDOWN = 1.5  # steps this much slower than the machine's curve: something else was running
-
-
-@dataclass(frozen=True)
-class Done:
-    reason: str  # "eog", "max_tokens", "stop", "cancelled", "context_full"
-    text: str  # the whole answer
-    token_ids: tuple[int, ...]  # every generated token, the end-of-generation token included
-    stats: Stats
-    figures: str = ENGINE_FIGURES  # where `stats` come from (a server reports its own, or only a stream)
-    # One plain step's seconds under the same conditions (0: not known), and how much slower than usual
-    # the steps ran (the conversation service fills both in: the engine does not know the machine).
-    plain_s: float = 0.0
-    slowdown: float = 1.0
-
-    @property
-    def speedup(self) -> float | None:
-        """Against plain decoding under the same conditions. Every step costs at least a plain step, so
-        it can never be more than the tokens per step: a larger ratio is noise, and is cut there."""
-        if not self.plain_s or not self.stats.tokens_per_s:
-            return None
-        return min(self.stats.tokens_per_s * self.plain_s, max(1.0, self.stats.tokens_per_step))
-
-    @property
-    def busy(self) -> bool:
-        """The machine was busy during the answer: its figures say more about the machine than the answer."""
-        return self.slowdown > BUSY_SLOWDOWN
-
-Event = Union[Prefill, Step, Done]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from specchat.decoding.engine import Done, GenerationConfig, Stats
+from specchat.decoding.engine import GenerationConfig
+from specchat.decoding.events import Done, Stats
 from specchat.decoding.guessers import GUESSERS
 from specchat.decoding.sampling import SamplingConfig
 

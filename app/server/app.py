@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.types import Receive, Scope, Send
 
-from specchat.decoding.engine import Done, Step
+from specchat.decoding.events import Done, Step
 from specchat.errors import ContextFull, SpecchatError
 from specchat.llama.template import Message
 from specchat.server.api import (
@@ -36,7 +36,8 @@ from specchat.server.api import (
     usage,
 )
 from specchat.server.worker import END, Busy, Failed, Worker
-from specchat.service.chat import ChatEvent, ChatService
+from specchat.service.chat import ChatService
+from specchat.service.events import ChatEvent
 
 log = logging.getLogger("specchat.server")
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from specchat.decoding.engine import Done
+from specchat.decoding.events import Done
 from specchat.errors import SpecchatError
 
 log = logging.getLogger("specchat.server")

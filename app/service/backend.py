@@ -14,24 +14,11 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence, Union
 
-from specchat.decoding.engine import Event, GenerationConfig
+from specchat.decoding.engine import GenerationConfig
 from specchat.llama.template import Message
 from specchat.models.fetch import Progress
-from specchat.service.chat import Notice
 from specchat.service.choices import ModelChoice, RemoteChoice
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Text a server streamed: how it split into tokens and steps, only the server knows."""
-
-    text: str
-    seconds: float  # since the chunk before (or since the first, for the first)
-
-
-# What a backend streams: the engine's events, notices about the answer, and a server's text. The UI takes
-# all three from here, whichever backend it has.
-BackendEvent = Union[Event, Notice, Chunk]
+from specchat.service.events import BackendEvent
 
 
 @dataclass(frozen=True)

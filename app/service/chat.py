@@ -9,14 +9,15 @@ so a fix to prompt reuse, to auto's state or to the context policy is made once 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Iterator, Sequence, Union
+from typing import Iterator, Sequence
 
-from specchat.decoding.engine import Done, Engine, Event, GenerationConfig, Stats, Step
+from specchat.decoding.engine import Engine, GenerationConfig
+from specchat.decoding.events import Done, Event, Stats, Step
 from specchat.decoding.guessers import REGISTRY, Guesser, Inputs, available, build, unavailable
 from specchat.errors import SpecchatError
 from specchat.llama.template import ChatPrompter, Message
 from specchat.service.costs import machine_turns
+from specchat.service.events import ChatEvent, Notice
 from specchat.service.history import History
 from specchat.service.pair import LoadedPair
 
@@ -24,14 +25,6 @@ from specchat.service.pair import LoadedPair
 ANSWER_ROOM = 256
 
 
-@dataclass(frozen=True)
-class Notice:
-    """Something the user should know about this answer (old turns were left out to fit the context)."""
-
-    text: str
-
-
-ChatEvent = Union[Event, Notice]
 
 
 class ChatService:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from specchat.decoding.engine import ENGINE_FIGURES, Done
+from specchat.decoding.events import ENGINE_FIGURES, Done
 from specchat.llama.template import Message
 from specchat.store.conversations import Store, StoredMessage
 from specchat.store.files import atomic_write

@@ -24,7 +24,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from specchat.decoding.calibrate import MAX_POSITIONS, Calibration, conservative, measure_curve
-from specchat.decoding.engine import Done, Step
+from specchat.decoding.events import Done, Step
 from specchat.decoding.policy import CostCurve, Rollback
 from specchat.decoding.timing import StepTimes
 from specchat.llama.model import Model

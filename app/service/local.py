@@ -11,9 +11,10 @@ from specchat.decoding.engine import GenerationConfig
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.models.fetch import Progress
-from specchat.service.backend import Backend, BackendEvent, Baseline
+from specchat.service.backend import Backend, Baseline
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice, RemoteChoice
+from specchat.service.events import BackendEvent
 from specchat.service.history import History
 from specchat.service.loader import load_pair
 from specchat.store.conversations import Store

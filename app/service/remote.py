@@ -24,13 +24,15 @@ import urllib.request
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
-from specchat.decoding.engine import Done, GenerationConfig, Prefill, Stats
+from specchat.decoding.engine import GenerationConfig
+from specchat.decoding.events import Done, Prefill, Stats
 from specchat.decoding.guessers import GUESSERS
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.models.fetch import Progress
-from specchat.service.backend import BackendEvent, Baseline, Chunk
+from specchat.service.backend import Baseline
 from specchat.service.choices import RemoteChoice
+from specchat.service.events import BackendEvent, Chunk
 from specchat.service.settings import API_KEY_ENV
 
 if TYPE_CHECKING:  # the client is an optional extra

@@ -13,7 +13,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-from specchat.decoding.engine import GenerationConfig, Stats, final
+from specchat.decoding.engine import GenerationConfig, final
+from specchat.decoding.events import Stats
 from specchat.decoding.guessers import AutoGuesser, build
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message

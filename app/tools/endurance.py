@@ -213,7 +213,7 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
 def _record_ids(backend, report: Report) -> None:
     """Keep the next answer's prompt and token ids: a difference from the fresh process's answer is
     then explained (or not) token by token."""
-    from specchat.decoding.engine import Done
+    from specchat.decoding.events import Done
 
     chat = backend.chat
 

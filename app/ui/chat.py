@@ -24,7 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, Static, TextArea
 from textual.widgets.markdown import MarkdownFence
 
-from specchat.decoding.engine import ENGINE_FIGURES
+from specchat.decoding.events import ENGINE_FIGURES
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.choices import generation

@@ -19,9 +19,9 @@ from typing import Iterable, Union
 from textual.message import Message
 from textual.message_pump import MessagePump
 
-from specchat.decoding.engine import Done, Prefill, Step
+from specchat.decoding.events import Done, Prefill, Step
 from specchat.errors import SpecchatError
-from specchat.service.backend import BackendEvent, Chunk, Notice
+from specchat.service.events import BackendEvent, Chunk, Notice
 from specchat.store.files import log_path
 
 log = logging.getLogger("specchat.ui")

@@ -12,8 +12,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
 
-from specchat.decoding.engine import ENGINE_FIGURES, Done, Source, Stats, Step
-from specchat.service.backend import Baseline, Chunk
+from specchat.decoding.events import ENGINE_FIGURES, Done, Source, Stats, Step
+from specchat.service.backend import Baseline
+from specchat.service.events import Chunk
 from specchat.ui.streaming import Piece
 
 SOURCE_STYLE = {

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from specchat.decoding.engine import Done, Engine, GenerationConfig, Prefill, Source, Step
+from specchat.decoding.engine import Engine, GenerationConfig
+from specchat.decoding.events import Done, Prefill, Source, Step
 from specchat.decoding.guessers import AutoGuesser, DraftGuesser, LookupGuesser
 from specchat.decoding.policy import CostCurve
 from specchat.decoding.sampling import SamplingConfig, logits_to_probs
@@ -233,7 +234,7 @@ def _backend(smol_path, n_ctx: int):
 
 
 def test_overflowing_conversation_drops_the_oldest_turns_and_says_so(smol_path, tmp_path, monkeypatch):
-    from specchat.service.chat import Notice
+    from specchat.service.events import Notice
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     backend = _backend(smol_path, n_ctx=512)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specchat.decoding.engine import Done, GenerationConfig, Step
+from specchat.decoding.engine import GenerationConfig
+from specchat.decoding.events import Done, Step
 from specchat.decoding.history import HistoryIndex
 from specchat.decoding.policy import CostCurve
 from specchat.llama.template import Message

@@ -6,11 +6,12 @@ import threading
 import time
 from typing import Iterator, Sequence
 
-from specchat.decoding.engine import Done, GenerationConfig, Prefill, Source, Stats, Step, Token
+from specchat.decoding.engine import GenerationConfig
+from specchat.decoding.events import Done, Prefill, Source, Stats, Step, Token
 from specchat.decoding.guessers import GUESSERS
 from specchat.llama.template import Message
-from specchat.service.backend import BackendEvent, Baseline
-from specchat.service.chat import Notice
+from specchat.service.backend import Baseline
+from specchat.service.events import BackendEvent, Notice
 
 PAUSE_S = 10.0  # the longest a paused generation waits for a cancel or a resume
 

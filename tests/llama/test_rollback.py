@@ -23,7 +23,8 @@ import plants
 import pytest
 import tiny_gguf
 
-from specchat.decoding.engine import GenerationConfig, Prefill, final
+from specchat.decoding.engine import GenerationConfig, final
+from specchat.decoding.events import Prefill
 from specchat.decoding.policy import CostCurve
 from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 from fakes import ScriptedModel
 
-from specchat.decoding.engine import Done, GenerationConfig, Prefill, Step
+from specchat.decoding.engine import GenerationConfig
+from specchat.decoding.events import Done, Prefill, Step
 from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
-from specchat.service.chat import ChatService, Notice
+from specchat.service.chat import ChatService
+from specchat.service.events import Notice
 from specchat.service.pair import LoadedPair
 
 GREEDY = GenerationConfig(max_tokens=12, sampling=SamplingConfig())

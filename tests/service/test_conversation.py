@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specchat.decoding.engine import Done, Stats
+from specchat.decoding.events import Done, Stats
 from specchat.service.conversation import SAVE_INTERVAL_S, ConversationController
 from specchat.store.conversations import Store
 

@@ -17,7 +17,7 @@ from fakes import ScriptedModel
 from filelock import FileLock
 
 from specchat.decoding.calibrate import MAX_POSITIONS, Calibration, check, conservative
-from specchat.decoding.engine import Done, Stats, Step
+from specchat.decoding.events import Done, Stats, Step
 from specchat.decoding.guessers import AutoGuesser
 from specchat.decoding.policy import CostCurve
 from specchat.decoding.sampling import SamplingConfig

@@ -15,11 +15,12 @@ from fakes.openai_server import ACCEPTED, DRAFTED, FakeServer, free_port, servin
 from pilot import answered, send, until
 
 from specchat import cli
-from specchat.decoding.engine import Done, GenerationConfig, Prefill, Step
+from specchat.decoding.engine import GenerationConfig
+from specchat.decoding.events import Done, Prefill, Step
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
-from specchat.service.backend import Chunk
 from specchat.service.choices import RemoteChoice
+from specchat.service.events import Chunk
 from specchat.service.local import open_backend
 from specchat.service.remote import (
     ACCEPTED_TOKENS,
