@@ -285,6 +285,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     settings = _settings()
     config = _generation_config(args, settings)
+
     def warn(line: str) -> None:
         print(f"specchat: warning: {line}", file=sys.stderr)
 
