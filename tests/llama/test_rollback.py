@@ -14,7 +14,6 @@ threads (it would only be slower).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -22,12 +21,12 @@ import numpy as np
 import plants
 import pytest
 import tiny_gguf
+from rollback import VOCAB, fresh_logits, judge, probe, split_noise
 
 from specchat.decoding.engine import GenerationConfig, final
 from specchat.decoding.events import Prefill
 from specchat.decoding.policy import CostCurve
 from specchat.decoding.sampling import SamplingConfig
-from specchat.errors import SpecchatError
 from specchat.llama.model import Model
 from specchat.llama.session import Memory, Session
 from specchat.llama.template import Message
@@ -35,8 +34,6 @@ from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
 from specchat.service.loader import load_pair
 
-VOCAB = 40
-PROBE = 7
 FLAT = CostCurve([0.010 + 0.0002 * n for n in range(32)], draft_s=0.001, mtp_s=0.001)
 
 
@@ -55,84 +52,6 @@ def models(files) -> Iterator[dict[str, tuple[Model, Model]]]:
     for pair in loaded.values():
         for m in pair:
             m.close()
-
-
-def probe(session: Session) -> np.ndarray:
-    return np.array(session.decode([PROBE], "last")[0])
-
-
-def fresh_logits(fresh: Model, *batches: list[int]) -> np.ndarray:
-    """The probe's logits on a cache that decoded exactly these batches, from empty."""
-    fresh.session.clear()
-    for batch in batches:
-        if batch:
-            fresh.session.decode(batch, "none")
-    return probe(fresh.session)
-
-
-def split_noise(fresh: Model, tokens: list[int], cut: int) -> float:
-    """How far the probe's logits move when the same tokens are decoded in other batches: (cut, rest)
-    against one batch and against one token at a time. Measured apart from the runs judged."""
-    reference = fresh_logits(fresh, tokens[:cut], tokens[cut:])
-    return max(float(np.abs(fresh_logits(fresh, tokens) - reference).max()),
-               float(np.abs(fresh_logits(fresh, *([t] for t in tokens)) - reference).max()))
-
-
-@dataclass(frozen=True)
-class Rewind:
-    """Decode a prompt in two parts (each a lasting checkpoint after it, as a prefill leaves them), take the
-    step checkpoint a verification of `length` takes, decode `length` guessed tokens in one batch, and
-    keep all but `drop` of them."""
-
-    length: int
-    drop: int
-
-    def tokens(self, rng: np.random.Generator) -> tuple[list[int], list[int], list[int]]:
-        return tuple(rng.integers(3, VOCAB, n).tolist() for n in (12, 8, self.length))  # type: ignore[return-value]
-
-
-def cases(model: Model) -> list[Rewind]:
-    """Each depth from 1 to two past llama.cpp's snapshots, each from a verification one longer (the
-    engine's case: the pending token is always kept), from one exactly as long (the whole last decode
-    undone), and from a long one (a partial acceptance restored from the step checkpoint)."""
-    deepest = max(model.rollback_depth, 1) + 2
-    return sorted({Rewind(length, drop) for drop in range(1, deepest + 1) for length in (drop, drop + 1, 8)
-                   if drop <= length}, key=lambda r: (r.drop, r.length))
-
-
-def judge(model: Model, fresh: Model, seed: int = 0) -> list[str]:
-    """Run every case on `model`; what went wrong, one line each (empty: all as a fresh decode)."""
-    rng, wrong = np.random.default_rng(seed), []
-    for case in cases(model):
-        try:
-            wrong += judge_one(model, fresh, case, *case.tokens(rng))
-        except SpecchatError as e:  # llama.cpp may refuse what a wrong rewind leaves
-            wrong.append(f"{case}: {e}")
-    model.session.clear()
-    return wrong
-
-
-def judge_one(model: Model, fresh: Model, case: Rewind, a1: list[int], a2: list[int], guess: list[int]) -> list[str]:
-    session, wrong = model.session, []
-    session.clear()
-    for part in (a1, a2):
-        session.decode(part, "none")
-        session.checkpoint(lasting=True)
-    session.checkpoint(reach=case.length)
-    session.decode(guess, "none")
-    restores, replayed = session.stats.restores, session.stats.replayed
-    session.rewind(len(a1) + len(a2) + case.length - case.drop)
-    native = model.memory is Memory.ROLLBACK and case.drop <= min(model.rollback_depth, case.length - 1)
-    way = (session.stats.restores - restores, session.stats.replayed - replayed)
-    if way != ((0, 0) if native else (1, case.length - case.drop)):
-        wrong.append(f"{case}: (restores, replayed) {way}, expected {'none' if native else 'one restore'}")
-    kept = guess[:case.length - case.drop]
-    got = probe(session)
-    noise = split_noise(fresh, a1 + a2 + kept, len(a1) + len(a2))
-    diff = float(np.abs(got - fresh_logits(fresh, a1 + a2, kept)).max())
-    if session.tokens != a1 + a2 + kept + [PROBE] or diff > noise:
-        wrong.append(f"{case}: logits {diff:.3g} from a fresh decode's (batch noise {noise:.3g})")
-    return wrong
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
