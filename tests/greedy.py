@@ -24,6 +24,7 @@ from specchat.decoding.engine import Engine, GenerationConfig, final
 from specchat.decoding.events import Stats
 from specchat.decoding.guessers import Guesser, NoGuesser
 from specchat.llama.model import Model
+from specchat.llama.session import is_chain
 from specchat.tools.ties import CEILING, Parting, parting
 
 
@@ -43,7 +44,7 @@ class RecordingEngine(Engine):
         logits = self.target.session.last_logits(len(tree.tokens) + 1)
         for j, row in enumerate([0, *(n + 1 for n in path)]):  # the root's row, then each kept node's
             self.rows[first + j] = np.array(logits[row])
-        if any(parent != i - 1 for i, parent in enumerate(tree.parents)):  # branches: verified as a tree
+        if not is_chain(tree.parents):  # branches: verified as a tree
             self.trees += 1
             self.elsewhere += bool(path) and path[0] != tree.children(-1)[0]
         self.partial += 0 < len(path) < max((len(tree.path(leaf)) for leaf in range(len(tree.tokens))), default=0)

@@ -25,6 +25,17 @@ from specchat.llama.session import Memory, Session  # noqa: E402
 
 VOCAB = 40
 PROBE = 7
+ARCHS = ("qwen35", "mamba2")  # llama.cpp keeps snapshots of the hybrid's recurrent state; of Mamba-2's, none
+
+
+def write(arch: str, folder: Path) -> Path:
+    """The small model of this architecture the rewinds are judged on."""
+    return tiny_gguf.write(arch, folder / f"{arch}.gguf", vocab=VOCAB, seed=2)
+
+
+def open_twice(path: Path) -> tuple[Model, Model]:
+    """The model under test, and a fresh one for the references."""
+    return Model(path, n_ctx=512, n_threads=1), Model(path, n_ctx=512, n_threads=1)
 
 
 def probe(session: Session) -> np.ndarray:
@@ -112,9 +123,8 @@ def judge_one(model: Model, fresh: Model, case: Rewind, a1: list[int], a2: list[
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as out:
-        for arch in ("qwen35", "mamba2"):
-            path = tiny_gguf.write(arch, Path(out) / f"{arch}.gguf", vocab=VOCAB, seed=2)
-            model, fresh = Model(path, n_ctx=512, n_threads=1), Model(path, n_ctx=512, n_threads=1)
+        for arch in ARCHS:
+            model, fresh = open_twice(write(arch, Path(out)))
             figures: list[tuple[Rewind, float, float]] = []
             wrong = judge(model, fresh, figures=figures)
             exact = sum(diff == 0 for _, diff, _ in figures)

@@ -142,4 +142,5 @@ class Done:
         """The machine was busy during the answer: its figures say more about the machine than the answer."""
         return self.slowdown > BUSY_SLOWDOWN
 
+
 Event = Union[Prefill, Step, Done]

@@ -38,6 +38,10 @@ _PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 LASTING_CHECKPOINTS = 4  # turn boundaries kept for regenerate, edit-last and the next turns
 
 
+def is_chain(parents: Sequence[int]) -> bool:
+    """Whether guesses with these parents (-1: after the pending token) form one branch, node i after i - 1."""
+    return all(parent == i - 1 for i, parent in enumerate(parents))
+
 class Memory(enum.Enum):
     TRIM = "trim"
     ROLLBACK = "rollback"
@@ -270,7 +274,7 @@ class Session:
         parents[i]; -1: after the pending token): rows (1 + len(tokens), n_vocab). A chain, one branch, goes
         in as the context's own sequence, which every memory can take back; a tree with branches as one
         sequence per leaf (`decode_tree`, attention caches only). `keep` must come next."""
-        if all(parent == i - 1 for i, parent in enumerate(parents)):
+        if is_chain(parents):
             self._guessed = len(self.tokens)
             return self.decode([pending, *tokens], "all")
         self._guessed = None

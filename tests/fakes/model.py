@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from specchat.decoding.verify import Tree
-from specchat.llama.session import Memory
+from specchat.llama.session import Memory, is_chain
 
 # A chat format in the shape of ChatML: what a real instruct model's template renders.
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -58,7 +58,7 @@ class ScriptedSession:
         return rows if logits == "all" else rows[-1:]
 
     def decode_guesses(self, pending: int, tokens: Sequence[int], parents: Sequence[int]) -> np.ndarray:
-        self._guessed = len(self.tokens) if all(p == i - 1 for i, p in enumerate(parents)) else None
+        self._guessed = len(self.tokens) if is_chain(parents) else None
         if self._guessed is not None:
             return self.decode([pending, *tokens], "all")
         return self.decode_tree(pending, tokens, parents)

@@ -20,8 +20,7 @@ from typing import Iterator
 import numpy as np
 import plants
 import pytest
-import tiny_gguf
-from rollback import VOCAB, fresh_logits, judge, probe, split_noise
+from rollback import ARCHS, fresh_logits, judge, open_twice, probe, split_noise, write
 
 from specchat.decoding.engine import GenerationConfig, final
 from specchat.decoding.events import Prefill
@@ -40,21 +39,20 @@ FLAT = CostCurve([0.010 + 0.0002 * n for n in range(32)], draft_s=0.001, mtp_s=0
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("rollback")
-    return {arch: tiny_gguf.write(arch, out / f"{arch}.gguf", vocab=VOCAB, seed=2) for arch in ("qwen35", "mamba2")}
+    return {arch: write(arch, out) for arch in ARCHS}
 
 
 @pytest.fixture(scope="module")
 def models(files) -> Iterator[dict[str, tuple[Model, Model]]]:
     """Per arch, the model under test and a fresh one for the references."""
-    loaded = {arch: (Model(path, n_ctx=512, n_threads=1), Model(path, n_ctx=512, n_threads=1))
-              for arch, path in files.items()}
+    loaded = {arch: open_twice(path) for arch, path in files.items()}
     yield loaded
     for pair in loaded.values():
         for m in pair:
             m.close()
 
 
-@pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_every_rewind_leaves_the_logits_of_a_fresh_decode(models, arch):
     model, fresh = models[arch]
     assert (model.memory, model.rollback_depth >= 4) == \
@@ -102,7 +100,7 @@ def assert_fresh(session: Session, fresh: Model) -> None:
     session.rewind(len(tokens))
 
 
-@pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_regenerate_and_edit_last_restore_the_prompts_state(files, models, arch):
     fresh = models[arch][1]
     pair = load_pair(ModelChoice(target=files[arch], n_ctx=1024, threads=1))
