@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any
 
 import jinja2
+from jinja2 import meta
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
@@ -46,7 +47,7 @@ class _Renderer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
-    def run(self, request: dict[str, Any], limit_s: float) -> dict[str, str]:
+    def run(self, request: dict[str, Any], limit_s: float) -> dict[str, Any]:
         with self._lock:
             proc = self._started()
             assert proc.stdin is not None and proc.stdout is not None
@@ -90,7 +91,7 @@ _RENDERER = _Renderer()
 atexit.register(_RENDERER._kill)  # it would exit when its stdin closes, unless busy with an endless template
 
 
-def render(request: dict[str, Any], limit_s: float) -> dict[str, str]:
+def render(request: dict[str, Any], limit_s: float) -> dict[str, Any]:
     """One request to the renderer process (see `serve`): {"text": ...} or {"error": ...}."""
     return _RENDERER.run(request, limit_s)
 
@@ -188,7 +189,8 @@ def serve() -> None:
     """The renderer process: one JSON request a line in, one JSON reply a line out, until stdin closes.
 
     A request is {"template": source, "variables": {...} or null to only compile, "limit_s": s}; a
-    reply is {"text": ...} or {"error": ...}. Replies are ASCII JSON, so any text survives the pipe.
+    reply is {"text": ...} (with "reads", the variables the template reads, for a compile) or
+    {"error": ...}. Replies are ASCII JSON, so any text survives the pipe.
 
     The parent kills a render that outlives its limit, but if the parent itself dies (SIGKILL)
     mid-render, nobody would: so each request also arms SIGALRM at its default action, which the
@@ -199,7 +201,8 @@ def serve() -> None:
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    compiled = lru_cache(maxsize=4)(_Sandbox().from_string)  # the same template every turn
+    sandbox = _Sandbox()
+    compiled = lru_cache(maxsize=4)(sandbox.from_string)  # the same template every turn
     stdout.write(b"ready\n")
     stdout.flush()
     deadman = getattr(signal, "setitimer", None)  # POSIX only, like the select() in the parent
@@ -211,9 +214,12 @@ def serve() -> None:
             deadman(signal.ITIMER_REAL, float(request.get("limit_s", TIME_LIMIT_S)) + 1.0)
         try:
             template = compiled(request["template"])
-            text = "" if request["variables"] is None else template.render(**request["variables"])
-            reply = {"text": text} if len(text) <= MAX_OUTPUT else \
-                {"error": f"produced more than {MAX_OUTPUT // 1_000_000} MB of text"}
+            if request["variables"] is None:  # compile only, and say which variables the template reads
+                reply = {"text": "", "reads": sorted(meta.find_undeclared_variables(sandbox.parse(request["template"])))}
+            else:
+                text = template.render(**request["variables"])
+                reply = {"text": text} if len(text) <= MAX_OUTPUT else \
+                    {"error": f"produced more than {MAX_OUTPUT // 1_000_000} MB of text"}
         except Exception as e:  # MemoryError and RecursionError included: the template's fault, reported
             reply = {"error": _failure(e)}
         if deadman:

@@ -19,6 +19,12 @@ if TYPE_CHECKING:  # importing this module must not load llama.cpp (the settings
 class Message:
     role: str  # "system", "user" or "assistant"
     content: str
+    thinking: str = ""  # an assistant's reasoning, kept apart from its answer
+
+
+# The variables templates read to turn thinking on or off: Qwen3, DeepSeek, GLM and most others read
+# enable_thinking; Granite 3.3 reads thinking. gpt-oss reads reasoning_effort, which has no "off".
+SWITCHES = ("enable_thinking", "thinking")
 
 
 class ChatTemplate:
@@ -28,20 +34,42 @@ class ChatTemplate:
                  limit_s: float = TIME_LIMIT_S) -> None:
         self.source, self.name, self.limit_s = source, name, limit_s
         self._tokens = {"bos_token": bos_token, "eos_token": eos_token}
-        self._run(None)
+        self.reads = frozenset(self._run(None).get("reads", ()))
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        # The variables llama-cpp-python's Jinja2ChatFormatter passes, so templates render as they did.
-        return self._run({"messages": [{"role": m.role, "content": m.content} for m in messages],
+    @property
+    def switch(self) -> str | None:
+        """The variable that turns this template's thinking on or off; None: it has none."""
+        return next((s for s in SWITCHES if s in self.reads), None)
+
+    def variables(self, think: bool | None) -> dict[str, Any]:
+        """The template variables for thinking on (True), off (False) or the model's default (None). As in
+        llama.cpp, enable_thinking's default is on: llama.cpp's copy of DeepSeek R1's template, for one, would
+        read it unset as off, while llama-server always passes it."""
+        if think is None:
+            think = True if self.switch == "enable_thinking" else None
+        return {} if think is None or self.switch is None else {self.switch: think}
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+               variables: dict[str, Any] | None = None) -> str:
+        # The variables llama-cpp-python's Jinja2ChatFormatter passes, so templates render as they did, and
+        # an answer's thinking under both names templates read it by (Qwen's and gpt-oss's).
+        return self._run({**(variables or {}), "messages": [_message(m) for m in messages],
                           "add_generation_prompt": add_generation_prompt, **self._tokens,
-                          "functions": None, "function_call": None, "tools": None, "tool_choice": None})
+                          "functions": None, "function_call": None, "tools": None, "tool_choice": None})["text"]
 
-    def _run(self, variables: dict[str, Any] | None) -> str:
+    def _run(self, variables: dict[str, Any] | None) -> dict[str, Any]:
         reply = render({"template": self.source, "variables": variables, "limit_s": self.limit_s},
                               self.limit_s)
         if "error" in reply:
             raise SpecchatError(f"the chat template of {self.name} {reply['error']}")
-        return reply["text"]
+        return reply
+
+
+def _message(m: Message) -> dict[str, str]:
+    out = {"role": m.role, "content": m.content}
+    if m.thinking:
+        out.update(reasoning_content=m.thinking, thinking=m.thinking)
+    return out
 
 
 class ChatPrompter:
@@ -68,11 +96,11 @@ class ChatPrompter:
         self._known: list[tuple[str, list[int]]] = []  # (text, its tokens), newest last
         self.continued = False
 
-    def render(self, messages: Sequence[Message]) -> str:
-        return self.template.render(messages)
+    def render(self, messages: Sequence[Message], variables: dict[str, Any] | None = None) -> str:
+        return self.template.render(messages, variables=variables)
 
-    def tokens(self, messages: Sequence[Message]) -> list[int]:
-        text = self.render(messages)
+    def tokens(self, messages: Sequence[Message], variables: dict[str, Any] | None = None) -> list[int]:
+        text = self.render(messages, variables)
         self.continued = bool(self._known) and text.startswith(self._known[-1][0])  # the last turn goes on
         base = max((k for k in self._known if text.startswith(k[0])), key=lambda k: len(k[0]), default=None)
         if base is not None:

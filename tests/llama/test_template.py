@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from reliability import tally
@@ -283,3 +284,41 @@ def test_the_prompter_keeps_the_tokens_an_answer_was_generated_as():
     assert prompter.tokens(second) == turn2 and not prompter.continued  # regenerate: the same prompt
     edited = prompter.tokens(first + [Message("assistant", "cat"), Message("user", "Once more")])
     assert edited[:len(prompt) + 4] == prompt + letters and edited != turn2
+
+
+# --- reasoning models' templates (tests/templates/: the real ones, as llama.cpp vendors them) -------------
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+THOUGHT = Message("assistant", "Paris.", thinking="France's capital is Paris.")
+TURNS = [Message("user", "Capital of France?"), THOUGHT, Message("user", "And of Italy?")]
+
+
+def real(name: str) -> ChatTemplate:
+    return ChatTemplate((TEMPLATES / f"{name}.jinja").read_text(), name, "<|begin▁of▁sentence|>", "")
+
+
+def test_the_thinking_switch_is_the_variable_each_template_reads():
+    assert real("Qwen-Qwen3-0.6B").switch == "enable_thinking"
+    assert real("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B").switch == "enable_thinking"
+    assert real("ibm-granite-granite-3.3-2B-Instruct").switch == "thinking"
+    assert real("openai-gpt-oss-120b").switch is None  # it reads reasoning_effort, which has no "off"
+    assert ChatTemplate(CHATML, "chatml").switch is None
+    assert ChatTemplate(CHATML, "chatml").variables(False) == {}  # nothing to switch: nothing passed
+
+
+def test_qwen3_leaves_an_earlier_answers_thinking_out_and_switches_its_own_off():
+    qwen3 = real("Qwen-Qwen3-0.6B")
+    prompt = qwen3.render(TURNS)
+    assert "Paris." in prompt and "France's capital" not in prompt  # as Qwen3's template wants it
+    # The thinking of the answer after the last question is kept (a tool call's chain goes on).
+    assert "<think>\nFrance's capital is Paris.\n</think>" in qwen3.render(TURNS[:2], add_generation_prompt=False)
+    off = qwen3.render(TURNS, variables=qwen3.variables(False))
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and prompt.endswith("assistant\n")
+
+
+def test_gpt_oss_takes_the_thinking_field_and_the_reasoning_effort():
+    gpt_oss = real("openai-gpt-oss-120b")
+    prompt = gpt_oss.render(TURNS[:2], add_generation_prompt=False)
+    assert "<|channel|>analysis<|message|>France's capital is Paris.<|end|>" in prompt
+    assert "Reasoning: low" in gpt_oss.render(TURNS, variables={"reasoning_effort": "low"})
+    assert "France's capital" not in gpt_oss.render(TURNS)  # an earlier turn's analysis is dropped
