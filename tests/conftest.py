@@ -84,3 +84,17 @@ def pytest_unconfigure(config) -> None:
     # Once the tests are over, the process must end: a thread or child process a test left running
     # would otherwise hold up the exit (and CI) forever. This prints where it is stuck and exits 1.
     faulthandler.dump_traceback_later(120, exit=True)
+
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+@pytest.fixture(scope="session")
+def thinker_path(tmp_path_factory: pytest.TempPathFactory, smol_path: Path) -> Path:
+    """A tiny random GGUF carrying DeepSeek R1's real chat template, whose generation prompt opens a
+    `<think>` (and closes it again with thinking switched off): no reasoning GGUF can be fetched here."""
+    from tiny_gguf import write
+
+    template = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text(encoding="utf-8")
+    return write("llama", tmp_path_factory.mktemp("thinker") / "tiny-r1.gguf", tokenizer_from=smol_path,
+                 chat_template=template)

@@ -18,7 +18,7 @@ target's); `write_gemma4_pair` writes one. The assistant is no model on its own:
 only as an MTP context (ctx_type LLAMA_CONTEXT_TYPE_MTP) whose ctx_other is a context of the target,
 and every draft row sits at the target's next position, since the assistant's cache is the target's.
 
-    python tests/tiny_gguf.py ARCH OUT.gguf [--vocab N] [--seed S] [--tokenizer-from PATH]
+    python tests/tiny_gguf.py ARCH OUT.gguf [--vocab N] [--seed S] [--tokenizer-from PATH] [--chat-template JINJA]
     python tests/tiny_gguf.py gemma4-assistant OUT.gguf --for TARGET.gguf [--seed S]
 """
 
@@ -75,7 +75,7 @@ def default_tokenizer_path() -> Path:
 
 
 def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokenizer_from: Path | None = None,
-          cycle: float | None = None) -> Path:
+          cycle: float | None = None, chat_template: str | None = None) -> Path:
     """Write a tiny `arch` model to `out` and return its path.
 
     vocab: None copies SmolLM2's tokenizer (from `tokenizer_from`, else the catalog's file);
@@ -85,6 +85,8 @@ def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokeniz
     next token follows the last one round a fixed cycle (`successor`), with that token's logit
     `cycle` above the others', and qwen35's MTP head predicts the token after next from the
     pending token and the trunk's hidden state (see `_cycle_head`).
+    chat_template: the file carries this template instead of its tokenizer's (a reasoning model's, from
+    tests/templates/, where no such model can be fetched).
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
@@ -94,9 +96,12 @@ def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokeniz
     writer = gguf.GGUFWriter(None, arch)  # path given at write time, to a temporary name
     writer.add_name(f"tiny-{arch}")
     if vocab is None:
-        n_vocab = _copy_tokenizer(writer, Path(tokenizer_from) if tokenizer_from else default_tokenizer_path())
+        n_vocab = _copy_tokenizer(writer, Path(tokenizer_from) if tokenizer_from else default_tokenizer_path(),
+                                  keep_template=chat_template is None)
     else:
-        n_vocab = _small_tokenizer(writer, vocab)
+        n_vocab = _small_tokenizer(writer, vocab, template=chat_template is None)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     # The assistant draws from its own stream, so a pair written with one seed has unrelated weights.
     rng = np.random.default_rng([seed, _SEED_STREAM[arch]] if arch in _SEED_STREAM else seed)
     weights = _Weights(writer, rng, n_vocab, cycle)
@@ -141,11 +146,12 @@ def check_gemma4_target(target: Path) -> None:
 # --- tokenizers ----------------------------------------------------------------------------
 
 
-def _copy_tokenizer(writer: gguf.GGUFWriter, source: Path) -> int:
+def _copy_tokenizer(writer: gguf.GGUFWriter, source: Path, keep_template: bool = True) -> int:
     """Copy every tokenizer.* key (tokens, types, merges, special ids, chat template) from `source`."""
     fields = _tokenizer_fields(source.resolve())
     for name, value, main, sub in fields:
-        writer.add_key_value(name, value, main, sub_type=sub)
+        if keep_template or name != gguf.Keys.Tokenizer.CHAT_TEMPLATE:
+            writer.add_key_value(name, value, main, sub_type=sub)
     n_vocab = next((len(value) for name, value, _, _ in fields if name == gguf.Keys.Tokenizer.LIST), 0)
     if not n_vocab:
         raise ValueError(f"{source} has no {gguf.Keys.Tokenizer.LIST} to copy")
@@ -177,7 +183,7 @@ def _gguf_fields(source: Path) -> tuple[_Field, ...]:
     return tuple(fields)
 
 
-def _small_tokenizer(writer: gguf.GGUFWriter, n: int) -> int:
+def _small_tokenizer(writer: gguf.GGUFWriter, n: int, template: bool = True) -> int:
     """The first `n` entries of the character vocabulary, as an RWKV-style tokenizer."""
     if not len(_SPECIALS) + 1 <= n <= MAX_SMALL_VOCAB:
         raise ValueError(f"vocab must be {len(_SPECIALS) + 1}..{MAX_SMALL_VOCAB}, got {n}")
@@ -192,7 +198,8 @@ def _small_tokenizer(writer: gguf.GGUFWriter, n: int) -> int:
     writer.add_eos_token_id(EOS)
     writer.add_eot_token_id(EOS)
     writer.add_add_bos_token(False)  # RWKV's tokenize never prepends one; say so, not the default
-    writer.add_chat_template(_SMALL_TEMPLATE)
+    if template:
+        writer.add_chat_template(_SMALL_TEMPLATE)
     return n
 
 
@@ -616,6 +623,8 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"a constructed model (qwen35 or llama, --vocab at most {CYCLE_MAX_VOCAB}) whose next token "
                              "follows a fixed cycle, LOGIT above the rest; qwen35's MTP head agrees with it")
     parser.add_argument("--tokenizer-from", type=Path, help="GGUF to copy the tokenizer from (default: SmolLM2-135M)")
+    parser.add_argument("--chat-template", type=Path, help="a Jinja file the model carries as its chat template "
+                        "(e.g. tests/templates/Qwen-Qwen3-0.6B.jinja)")
     parser.add_argument("--for", dest="target", type=Path,
                         help="gemma4-assistant only: the gemma4 target it drafts for (checked; its tokenizer is copied)")
     args: Any = parser.parse_args(argv)
@@ -631,8 +640,9 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(str(e))
         tokenizer_from = args.target
     try:
+        template = args.chat_template.read_text(encoding="utf-8") if args.chat_template else None
         path = write(args.arch, args.out, vocab=args.vocab, seed=args.seed, tokenizer_from=tokenizer_from,
-                     cycle=args.cycle)
+                     cycle=args.cycle, chat_template=template)
     except ValueError as e:
         parser.error(str(e))
     print(path)

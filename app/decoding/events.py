@@ -50,6 +50,9 @@ class Step:
     guesser: str = "none"  # the guesser behind this step's guess: "none", "lookup", "draft" or "mtp"
     rollback_s: float = 0.0  # of verify_s: saving the state beforehand and rewinding after (0 on most models)
     sync_s: float = 0.0  # of draft_s: the draft's cache catching up with what earlier steps committed
+    # A reasoning model's thinking among the released text: the conversation service splits it out, and
+    # `text` is then the answer's part alone.
+    thinking: str = ""
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,15 @@ class Done:
     # the steps ran (the conversation service fills both in: the engine does not know the machine).
     plain_s: float = 0.0
     slowdown: float = 1.0
+    # A reasoning model's thinking, split out of `text` by the conversation service, and the tokens and
+    # decode seconds it took (which `stats` count too: they count every token the model decoded).
+    thinking: str = ""
+    thinking_tokens: int = 0
+    thinking_s: float = 0.0
+
+    @property
+    def thinking_tokens_per_s(self) -> float:
+        return self.thinking_tokens / self.thinking_s if self.thinking_s > 0 else 0.0
 
     @property
     def speedup(self) -> float | None:

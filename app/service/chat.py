@@ -8,18 +8,21 @@ so a fix to prompt reuse, to auto's state or to the context policy is made once 
 
 from __future__ import annotations
 
+import json
 import threading
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from specchat.decoding.engine import Engine, GenerationConfig
 from specchat.decoding.events import Done, Event, Stats, Step
 from specchat.decoding.guessers import REGISTRY, Guesser, Inputs, available, build, unavailable
+from specchat.decoding.reasoning import Reasoning, reasoning_of
 from specchat.errors import SpecchatError
 from specchat.llama.template import ChatPrompter, Message
 from specchat.service.costs import machine_turns
 from specchat.service.events import ChatEvent, Notice
 from specchat.service.history import History
 from specchat.service.pair import LoadedPair
+from specchat.service.thinking import split_thinking
 
 # Room kept for the answer when old turns must go: the max-tokens setting, up to this much.
 ANSWER_ROOM = 256
@@ -38,6 +41,7 @@ class ChatService:
         self.engine = Engine(pair.target)
         self._prompter: ChatPrompter | None = None
         self._guessers: dict[str, Guesser] = {}
+        self._reasonings: dict[str, Reasoning] = {}  # by the template variables they were found under
         self.last_prompt: list[int] = []  # the tokens the last generation was given
 
     @property
@@ -68,22 +72,45 @@ class ChatService:
     def count_tokens(self, text: str) -> int:
         return len(self.target.tokenize(text, special=False))
 
+    @property
+    def thinking_switch(self) -> str | None:
+        """The template variable that turns thinking on and off (None: the template reads none)."""
+        return self.prompter.template.switch
+
+    def template_variables(self, think: bool | None, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """What the chat template is given beyond the messages: the thinking switch where the template has one
+        (on, off, or the model's default), then a request's own (a server's chat_template_kwargs)."""
+        if think is not None and self.thinking_switch is None:
+            raise SpecchatError(f"the chat template of {self.target.path.name} has no switch for thinking: "
+                                "it thinks as it was trained to; leave the thinking setting at the model's default")
+        return {**self.prompter.template.variables(think), **(given or {})}
+
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-             cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+             cancel: threading.Event | None = None, variables: Mapping[str, Any] | None = None) -> Iterator[ChatEvent]:
         """Answer the conversation's last message. What the cache holds of the conversation so far is
-        reused; a conversation too long for the context loses its oldest turns, and a Notice says so."""
-        prompt, dropped = self.fit(messages, config.max_tokens)
+        reused; a conversation too long for the context loses its oldest turns, and a Notice says so.
+        A reasoning model's thinking comes apart from its answer (`specchat.service.thinking`). `variables`
+        go to the chat template (None: `template_variables(None)`, the model's default)."""
+        variables = self.template_variables(None) if variables is None else dict(variables)
+        prompt, dropped = self.fit(messages, config.max_tokens, variables)
         if dropped:
             yield Notice(f"the conversation is longer than the {self.n_ctx}-token context: "
                          f"the oldest {dropped} message(s) were left out of this answer")
         if self.history is not None:
             self.history.sync()  # a deleted conversation's text is not copied from
-        for event in self._generate(prompt, config, guesser, cancel, self.prompter.continued):
+        events = self._generate(prompt, config, guesser, cancel, self.prompter.continued)
+        for event in split_thinking(events, self._reasoning(variables)):
             if isinstance(event, Done):
                 self.prompter.remember(event.token_ids)
                 if self.history is not None:
-                    self.history.learn([m.content for m in messages] + [event.text])
+                    self.history.learn([m.content for m in messages] + [event.thinking, event.text])
             yield event
+
+    def _reasoning(self, variables: dict[str, Any]) -> Reasoning:
+        key = json.dumps(variables, sort_keys=True, default=str)
+        if key not in self._reasonings:
+            self._reasonings[key] = reasoning_of(self.prompter.template, variables)
+        return self._reasonings[key]
 
     def complete(self, prompt: str | Sequence[int], config: GenerationConfig, guesser: str,
                  cancel: threading.Event | None = None) -> Iterator[Event]:
@@ -101,17 +128,18 @@ class ChatService:
             self._prompter.forget()  # the cache no longer holds the last conversation's turn
         yield from self._generate(tokens, config, guesser, cancel, continued=False)
 
-    def fit(self, messages: Sequence[Message], max_tokens: int) -> tuple[list[int], int]:
+    def fit(self, messages: Sequence[Message], max_tokens: int,
+            variables: dict[str, Any] | None = None) -> tuple[list[int], int]:
         """The context policy: the prompt tokens, after leaving out the oldest turns (never the system
         prompt or the last message) until the prompt leaves room for an answer; and how many went."""
         messages = list(messages)
-        prompt = self.prompter.tokens(messages)
+        prompt = self.prompter.tokens(messages, variables)
         system = 1 if messages and messages[0].role == "system" else 0
         dropped = 0
         while len(prompt) + min(max_tokens, ANSWER_ROOM) > self.n_ctx and len(messages) > system + 1:
             del messages[system]
             dropped += 1
-            prompt = self.prompter.tokens(messages)
+            prompt = self.prompter.tokens(messages, variables)
         return prompt, dropped
 
     def _generate(self, prompt: list[int], config: GenerationConfig, guesser: str,

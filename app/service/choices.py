@@ -102,3 +102,20 @@ def guesser(given: str | None, settings: Settings, can_run: Sequence[str]) -> tu
 def system_prompt(given: str | None, settings: Settings) -> str:
     """The system prompt: the one given (an empty one too: none), else the settings'."""
     return settings.system_prompt if given is None else given
+
+
+THINKING = {"default": None, "on": True, "off": False}  # the thinking setting's values, as a switch
+
+
+def thinking(given: bool | None, settings: Settings, switch: str | None) -> tuple[bool | None, str | None]:
+    """Thinking on (True), off (False) or as the model does unasked (None), by the guesser's rule: asked
+    for in this request (`--think`, a server request's `chat_template_kwargs`), it is passed to the template
+    or refused (`ChatService.template_variables`); from the settings, it holds where the model's template
+    has a switch, and elsewhere gives way to the model's default with a line."""
+    if given is not None:
+        return given, None
+    wanted = THINKING[settings.thinking]
+    if wanted is not None and switch is None:
+        return None, (f"this model's chat template has no switch for thinking; the thinking setting "
+                      f"({settings.thinking}) is left aside for it")
+    return wanted, None

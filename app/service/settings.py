@@ -54,6 +54,9 @@ class Settings:
     # Its API key is never stored here: --api-key or SPECCHAT_API_KEY gives it.
     server: str = ""
     seed: int = -1  # the random draws of every answer; -1: new ones each time
+    # A reasoning model's thinking: "on", "off" (for templates with a switch, e.g. Qwen3's enable_thinking)
+    # or "default", as the model does unasked.
+    thinking: str = "default"
 
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)  # raises on bad values
@@ -69,6 +72,8 @@ class Settings:
             raise SpecchatError(f"context must be 256 to {1 << 20} tokens, got {self.context}")
         if not 0 <= self.threads <= 1024:
             raise SpecchatError(f"threads must be 0 (every core) to 1024, got {self.threads}")
+        if self.thinking not in ("default", "on", "off"):
+            raise SpecchatError(f"thinking must be default, on or off, got {self.thinking!r}")
         if self.server and not self.server.startswith(("http://", "https://")):
             raise SpecchatError(f"server must be empty or an http:// or https:// URL, got {self.server!r}")
         if not -1 <= self.seed < 2**63:
