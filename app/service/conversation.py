@@ -36,6 +36,11 @@ def summary_line(done: Done, guesser: str) -> str:
             f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%}{against} · {guesser}{ending}")
 
 
+def thinking_line(done: Done) -> str:
+    """The thinking's own figures: its tokens (counted in the answer's too) and their speed."""
+    return f"{done.thinking_tokens} tokens · {done.thinking_tokens_per_s:.1f} tok/s"
+
+
 def against_plain(done: Done) -> str:
     """The answer's speedup as every front end words it ("" where it is not known), said to be uncertain
     when the machine was busy while it was written."""
@@ -85,7 +90,7 @@ class ConversationController:
         """What the model is given: the system prompt, then every message so far. ("History" in this
         project is the index of past conversations the history guesser copies from.)"""
         system = [Message("system", system_prompt)] if system_prompt else []
-        return system + [Message(m.role, m.content) for m in self.messages()]
+        return system + [Message(m.role, m.content, m.thinking) for m in self.messages()]
 
     def last(self, role: str) -> StoredMessage | None:
         return next((m for m in reversed(self.messages()) if m.role == role), None)
@@ -106,14 +111,16 @@ class ConversationController:
         if server is not None and self.server != server:
             self.store.set_server(self.id, server)
         self._answer = self.store.add_message(self.id, "assistant", "", "partial", model=model)
-        self._text, self._saved = "", float("-inf")
+        self._text, self._thinking, self._saved = "", "", float("-inf")
 
-    def stream(self, text: str) -> None:
-        """More of the answer arrived: written now and then (at most every SAVE_INTERVAL_S)."""
+    def stream(self, text: str, thinking: str = "") -> None:
+        """More of the answer (and of its thinking) arrived: written now and then (at most every
+        SAVE_INTERVAL_S)."""
         assert self._answer is not None, "no answer is being written"
         self._text += text
+        self._thinking += thinking
         if self._clock() - self._saved >= SAVE_INTERVAL_S:
-            self.store.update_message(self._answer, self._text)
+            self.store.update_message(self._answer, self._text, thinking=self._thinking.strip())
             self._saved = self._clock()
 
     def finish(self, done: Done, guesser: str, notices: Sequence[str] = ()) -> str:
@@ -124,10 +131,13 @@ class ConversationController:
         # A notice (e.g. old turns dropped to fit the context) stays with the answer it concerns.
         summary = " · ".join([summary_line(done, label), *notices])
         s = done.stats
+        stats = {"summary": summary, "reason": done.reason, "tokens": s.n_tokens, "acceptance": s.acceptance,
+                 "guesser": label, "tokens_per_s": s.tokens_per_s, "tokens_per_step": s.tokens_per_step,
+                 "wall_tokens_per_s": s.wall_tokens_per_s}
+        if done.thinking_tokens:
+            stats["thinking"] = thinking_line(done)
         self.store.update_message(self._answer, done.text, "stopped" if done.reason == "cancelled" else "complete",
-                                  {"summary": summary, "reason": done.reason, "tokens": s.n_tokens,
-                                   "acceptance": s.acceptance, "guesser": label, "tokens_per_s": s.tokens_per_s,
-                                   "tokens_per_step": s.tokens_per_step, "wall_tokens_per_s": s.wall_tokens_per_s})
+                                  stats, thinking=done.thinking)
         self._answer = None
         return summary
 
@@ -135,12 +145,12 @@ class ConversationController:
         """The generation failed: what streamed before stays, marked stopped; an empty answer goes.
         Returns whether anything was kept."""
         assert self._answer is not None, "no answer is being written"
-        if self._text:
-            self.store.update_message(self._answer, self._text, "stopped")
+        if self._text or self._thinking:
+            self.store.update_message(self._answer, self._text, "stopped", thinking=self._thinking.strip())
         else:
             self.store.delete_message(self._answer)
         self._answer = None
-        return bool(self._text)
+        return bool(self._text or self._thinking)
 
     def take_last_answer(self) -> bool:
         """For regenerate: remove the last answer, if the conversation ends with one."""

@@ -60,6 +60,25 @@ MIGRATIONS = [
     """
     ALTER TABLE conversations ADD COLUMN server TEXT;
     """,
+    # 5: a reasoning model's thinking, kept apart from its answer, and searched with it.
+    (
+        "ALTER TABLE messages ADD COLUMN thinking TEXT NOT NULL DEFAULT ''",
+        "DROP TRIGGER message_text_insert",
+        "DROP TRIGGER message_text_delete",
+        "DROP TRIGGER message_text_update",
+        "DROP TABLE message_text",
+        "CREATE VIRTUAL TABLE message_text USING fts5(content, thinking, content='messages', content_rowid='id')",
+        "INSERT INTO message_text(message_text) VALUES ('rebuild')",
+        "CREATE TRIGGER message_text_insert AFTER INSERT ON messages BEGIN "
+        "INSERT INTO message_text(rowid, content, thinking) VALUES (new.id, new.content, new.thinking); END",
+        "CREATE TRIGGER message_text_delete AFTER DELETE ON messages BEGIN "
+        "INSERT INTO message_text(message_text, rowid, content, thinking) "
+        "VALUES ('delete', old.id, old.content, old.thinking); END",
+        "CREATE TRIGGER message_text_update AFTER UPDATE OF content, thinking ON messages BEGIN "
+        "INSERT INTO message_text(message_text, rowid, content, thinking) "
+        "VALUES ('delete', old.id, old.content, old.thinking); "
+        "INSERT INTO message_text(rowid, content, thinking) VALUES (new.id, new.content, new.thinking); END",
+    ),
 ]
 STATUSES = ("complete", "stopped", "partial")  # partial: the app died while generating it
 _BUSY_TIMEOUT_S = 10.0  # another instance's write transaction is short; wait rather than fail
@@ -89,6 +108,7 @@ class StoredMessage:
     status: str  # one of STATUSES
     stats: dict | None
     model: str | None = None
+    thinking: str = ""  # an assistant's reasoning, apart from its answer
 
 
 class Store:
@@ -218,12 +238,13 @@ class Store:
 
     def texts(self) -> list[str]:
         """Every message's text, newest last: what a guesser may copy from (`specchat.service.history`)."""
-        return [row[0] for row in self.db.execute("SELECT content FROM messages WHERE content != '' ORDER BY id")]
+        rows = self.db.execute("SELECT thinking, content FROM messages WHERE content != '' OR thinking != '' ORDER BY id")
+        return [text for row in rows for text in row if text]
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
-        rows = self.db.execute("SELECT id, role, content, status, stats, model FROM messages "
+        rows = self.db.execute("SELECT id, role, content, status, stats, model, thinking FROM messages "
                                "WHERE conversation_id = ? ORDER BY id", (conversation_id,))
-        return [StoredMessage(i, r, c, s, json.loads(st) if st else None, m) for i, r, c, s, st, m in rows]
+        return [StoredMessage(i, r, c, s, json.loads(st) if st else None, m, t) for i, r, c, s, st, m, t in rows]
 
     def add_message(self, conversation_id: int, role: str, content: str, status: str = "complete",
                     stats: dict | None = None, model: str | None = None) -> int:
@@ -241,11 +262,11 @@ class Store:
         return cur.lastrowid
 
     def update_message(self, message_id: int, content: str, status: str = "partial",
-                       stats: dict | None = None) -> None:
+                       stats: dict | None = None, thinking: str = "") -> None:
         """Overwrite a streaming answer: called as it grows (partial), and once when it ends."""
         assert status in STATUSES, status
-        self.db.execute("UPDATE messages SET content = ?, status = ?, stats = coalesce(?, stats) WHERE id = ?",
-                        (content, status, json.dumps(stats) if stats else None, message_id))
+        self.db.execute("UPDATE messages SET content = ?, status = ?, stats = coalesce(?, stats), thinking = ? "
+                        "WHERE id = ?", (content, status, json.dumps(stats) if stats else None, thinking, message_id))
 
     def delete_message(self, message_id: int) -> None:
         self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
@@ -257,5 +278,8 @@ class Store:
             lines += [f"Answered by the server at {server}", ""]
         for m in self.messages(conversation_id):
             mark = {"stopped": " (stopped)", "partial": " (interrupted)"}.get(m.status, "")
-            lines += [f"## {m.role.capitalize()}{mark}", "", m.content, ""]
+            lines += [f"## {m.role.capitalize()}{mark}", ""]
+            if m.thinking:  # marked as thinking: a quote under its own heading, apart from the answer
+                lines += ["### Thinking", "", *(f"> {line}".rstrip() for line in m.thinking.splitlines()), ""]
+            lines += [m.content, ""]
         return "\n".join(lines)

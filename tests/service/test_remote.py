@@ -354,7 +354,7 @@ def test_an_old_database_gains_the_server_marker_and_keeps_its_conversations(tmp
     db.execute("INSERT INTO messages (conversation_id, role, content, created) VALUES (1, 'user', 'old words', 1)")
     db.close()
     store = Store(path)
-    assert store.version == len(MIGRATIONS) == 4
+    assert store.version == len(MIGRATIONS) >= 4
     (old,) = store.conversations()
     assert (old.title, old.server) == ("from before", None)
     assert [m.content for m in store.messages(old.id)] == ["old words"]

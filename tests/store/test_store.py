@@ -25,6 +25,37 @@ def _v1_database(path: Path) -> None:
     db.close()
 
 
+RELEASE_DB = Path(__file__).resolve().parent / "data" / "schema4-release.db"
+
+
+def test_a_database_the_last_release_wrote_gains_thinking_and_loses_nothing(tmp_path):
+    """data/schema4-release.db was written by the release before thinking was stored (schema 4, commit
+    5f20314's Store): two conversations, one answered by a server, an answer killed mid-stream."""
+    path = tmp_path / "chat.db"
+    path.write_bytes(RELEASE_DB.read_bytes())
+    before = sqlite3.connect(path)
+    rows = before.execute("SELECT id, conversation_id, role, content, status, stats, model FROM messages").fetchall()
+    conversations = before.execute("SELECT id, title, server FROM conversations").fetchall()
+    assert before.execute("PRAGMA user_version").fetchone()[0] == 4 and len(rows) == 7
+    before.close()
+    store = Store(path)
+    assert store.version == len(MIGRATIONS) == 5
+    after = store.db.execute("SELECT id, conversation_id, role, content, status, stats, model FROM messages")
+    assert after.fetchall() == rows
+    assert store.db.execute("SELECT id, title, server FROM conversations").fetchall() == conversations
+    assert all(m.thinking == "" for c in store.conversations() for m in store.messages(c.id))
+    assert [m.status for m in store.messages(1)][-1] == "partial"  # still marked interrupted
+    assert [c.title for c in store.search("Rome")] == ["Capital cities"]  # the index, rebuilt, still finds
+    answer = store.add_message(1, "assistant", "", "partial")
+    store.update_message(answer, "Rome.", "complete", thinking="Italy's capital is Rome, not Milan.")
+    assert store.messages(1)[-1].thinking == "Italy's capital is Rome, not Milan."
+    assert [c.title for c in store.search("Milan")] == ["Capital cities"]  # thinking is searched too
+    assert "### Thinking\n\n> Italy's capital is Rome, not Milan.\n\nRome." in store.export_markdown(1)
+    store.delete_message(answer)
+    assert store.search("Milan") == []  # the index forgets a deleted message's thinking
+    store.close()
+
+
 def test_old_schema_is_upgraded_in_place(tmp_path):
     path = tmp_path / "chat.db"
     _v1_database(path)
