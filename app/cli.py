@@ -68,6 +68,9 @@ def _parser() -> tuple[argparse.ArgumentParser, list[str]]:
     g.add_argument("--system", default=None, help="a system message (default: the settings' system prompt)")
     g.add_argument("--raw", action="store_true",
                    help="continue the prompt as raw text, without a chat template (base models, drafts)")
+    g.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
+                   help="a reasoning model thinks first, or not, where its template has a switch (default: "
+                        "the thinking setting); the thinking goes to stderr, the answer to stdout")
     _model_args(g)
     _sampling_args(g)
     g.set_defaults(run=_generate)
@@ -299,13 +302,27 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         system = choices.system_prompt(args.system, settings)
         messages = ([Message("system", system)] if system else []) + [Message("user", args.prompt)]
-        events = service.chat(messages, config, guesser)
+        think, instead = choices.thinking(args.think, settings, service.thinking_switch)
+        if instead is not None:
+            warn(instead)
+        events = service.chat(messages, config, guesser, variables=service.template_variables(think))
+    thinking = False  # the thinking goes to stderr, so that stdout holds the answer alone
     for event in events:
+        if isinstance(event, Step) and event.thinking:
+            if not thinking:
+                print("thinking:", file=sys.stderr)
+            sys.stderr.write(event.thinking)
+            sys.stderr.flush()
+            thinking = True
         if isinstance(event, Step) and event.text:
+            if thinking:
+                print("\n", file=sys.stderr)
+                thinking = False
             sys.stdout.write(event.text)
             sys.stdout.flush()
         elif isinstance(event, Notice):
-            print(f"specchat: {event.text}", file=sys.stderr)
+            print(f"{chr(10) if thinking else ''}specchat: {event.text}", file=sys.stderr)
+            thinking = False
         elif isinstance(event, Done):
             if event.text and not event.text.endswith("\n"):
                 sys.stdout.write("\n")
@@ -317,6 +334,9 @@ def _generate(args: argparse.Namespace) -> int:
                   f"{s.tokens_per_step:.2f} tokens/step, acceptance {s.acceptance:.2f} "
                   f"({s.accepted}/{s.drafted}){speedup}, prompt {s.n_prompt} tokens in {s.prefill_s:.2f}s, "
                   f"stop: {event.reason}", file=sys.stderr)
+            if event.thinking_tokens:
+                print(f"[thinking] {event.thinking_tokens} of the tokens in {event.thinking_s:.2f}s: "
+                      f"{event.thinking_tokens_per_s:.1f} tok/s", file=sys.stderr)
     return 0
 
 

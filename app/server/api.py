@@ -81,8 +81,12 @@ class TextPart(_Strict):
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer name for system
     content: str | Annotated[list[TextPart], Field(min_length=1)]
+    # An earlier answer's thinking, as llama-server and the DeepSeek API take it back: the template
+    # decides whether it goes into the prompt.
+    reasoning_content: str | None = None
 
     _check = field_validator("content")(lambda v: _utf8(v) if isinstance(v, str) else v)
+    _check_reasoning = field_validator("reasoning_content")(lambda v: _utf8(v) if isinstance(v, str) else v)
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -90,6 +94,14 @@ class ChatMessage(_Strict):
 
 class ChatRequest(GenerationFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    # Extra variables for the chat template, as llama-server and vLLM take them ({"enable_thinking": false}),
+    # and OpenAI's reasoning effort, which gpt-oss's template reads.
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+
+    def template_variables(self) -> dict[str, Any]:
+        effort = {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort else {}
+        return {**(self.chat_template_kwargs or {}), **effort}
 
 
 class CompletionRequest(GenerationFields):

@@ -74,11 +74,13 @@ def create_app(service: ChatService, model_id: str, worker: Worker, api_key: str
 
     @app.post("/v1/chat/completions", dependencies=authorized)
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
-        messages = [Message("system" if m.role == "developer" else m.role, m.text()) for m in body.messages]
+        messages = [Message("system" if m.role == "developer" else m.role, m.text(), m.reasoning_content or "")
+                    for m in body.messages]
         config = body.generation_config(service.n_ctx)
+        variables = service.template_variables(None, body.template_variables())
 
         def work(cancel: threading.Event) -> Iterator[ChatEvent]:
-            return service.chat(messages, config, body.guesser, cancel)
+            return service.chat(messages, config, body.guesser, cancel, variables)
 
         return await _respond(request, worker, work, body, _Shape(model_id, chat=True))
 
@@ -107,25 +109,29 @@ class _Shape:
         kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if stream and self.chat else "")
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
-    def _choice(self, text: str | None, finish: str | None, stream: bool, role: bool = False) -> dict[str, Any]:
+    def _choice(self, text: str | None, finish: str | None, stream: bool, role: bool = False,
+                thinking: str = "") -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+        # A reasoning model's thinking goes in reasoning_content, as llama-server, vLLM and DeepSeek send it.
+        reasoning = {"reasoning_content": thinking} if thinking else {}
         if not self.chat:
             choice["text"] = text or ""
         elif stream:
-            choice["delta"] = ({"role": "assistant"} if role else {}) | ({"content": text} if text is not None else {})
+            choice["delta"] = ({"role": "assistant"} if role else {}) | (
+                {"content": text} if text is not None else {}) | reasoning
         else:
-            choice["message"] = {"role": "assistant", "content": text}
+            choice["message"] = {"role": "assistant", "content": text} | reasoning
         return choice
 
     def whole(self, done: Done) -> dict[str, Any]:
-        return self._envelope([self._choice(done.text, finish_reason(done), stream=False)], stream=False) | {
-            "usage": usage(done.stats), "timings": timings(done)}
+        return self._envelope([self._choice(done.text, finish_reason(done), stream=False, thinking=done.thinking)],
+                              stream=False) | {"usage": usage(done.stats), "timings": timings(done)}
 
     def opening(self) -> dict[str, Any] | None:
         return self._envelope([self._choice("", None, stream=True, role=True)], stream=True) if self.chat else None
 
-    def chunk(self, text: str) -> dict[str, Any]:
-        return self._envelope([self._choice(text, None, stream=True)], stream=True)
+    def chunk(self, text: str, thinking: str = "") -> dict[str, Any]:
+        return self._envelope([self._choice(text or None, None, stream=True, thinking=thinking)], stream=True)
 
     def last(self, done: Done) -> dict[str, Any]:
         # llama-server puts `timings` in the final chunk; so the chunk with finish_reason carries it.
@@ -184,9 +190,9 @@ async def _events(next_item: Callable[[], Awaitable[Any]], first: Any, shape: _S
         if isinstance(item, Failed):
             yield _sse(json.loads(_failure(item, shape.prompt_field).body))
             return
-        if isinstance(item, Step) and item.text:
+        if isinstance(item, Step) and (item.text or item.thinking):
             sent += len(item.text)
-            yield _sse(shape.chunk(item.text))
+            yield _sse(shape.chunk(item.text, item.thinking if shape.chat else ""))
         elif isinstance(item, Done):
             if item.reason == "cancelled":  # not by this client, who is still here: by the server stopping
                 yield _sse(json.loads(_stopping().body))

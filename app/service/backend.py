@@ -38,13 +38,18 @@ class Backend(Protocol):
     pair: str | None  # the catalog's pair it answers with ("": the default pair); None: files, or a server's model
     draft: str | None  # after load: the draft model beside the target; None: none, or a server that does not say
     guesser_asked: bool  # the guesser is a request (a server runs what it can) rather than what runs
+    # After load: the chat template's variable that turns thinking on and off (None: it has none). A
+    # server's is a request: it passes chat_template_kwargs to a template that may not read them.
+    thinking_switch: str | None
 
     def load(self, progress: Progress) -> None: ...
 
     def baseline(self) -> Baseline: ...
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-             cancel: threading.Event) -> Iterator[BackendEvent]: ...
+             cancel: threading.Event, think: bool | None = None) -> Iterator[BackendEvent]:
+        """Answer the last message; `think` turns a reasoning model's thinking on or off (None: as it does
+        unasked), for a template with a switch (`thinking_switch`)."""
 
     def count_tokens(self, text: str) -> int: ...
 

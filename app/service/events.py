@@ -27,6 +27,7 @@ class Chunk:
 
     text: str
     seconds: float  # since the chunk before (or since the first, for the first)
+    thinking: str = ""  # the server's reasoning_content in this chunk
 
 
 # What a backend streams: the engine's events, notices about the answer, and a server's text. The UI takes

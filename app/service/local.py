@@ -4,6 +4,7 @@ app's backend over it (`LocalBackend`), or over a server (`open_backend`)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Callable, Iterator, Sequence
 
@@ -79,6 +80,7 @@ class LocalBackend:
         self.name = "loading…"
         self.warnings: list[str] = []
         self.guessers: list[str] = []
+        self.thinking_switch: str | None = None
         self._service: ChatService | None = None
         self._closed = False
         # Held for the whole of a generation: close() waits for it, so models are never freed
@@ -90,6 +92,8 @@ class LocalBackend:
         service = open_local(self.choice, progress, self.store)  # the app shows the warnings as notices
         self.name, self.warnings, self.guessers = service.pair.name, service.pair.warnings, service.guessers
         self.draft = service.pair.draft.name if service.pair.draft is not None else None
+        with contextlib.suppress(SpecchatError):  # a base model has no template, and no switch
+            self.thinking_switch = service.thinking_switch
         self._service = service
         progress("ready", 1, 1)
 
@@ -117,9 +121,9 @@ class LocalBackend:
         return self.service.count_tokens(text)
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-             cancel: threading.Event) -> Iterator[BackendEvent]:
+             cancel: threading.Event, think: bool | None = None) -> Iterator[BackendEvent]:
         with self._busy:
-            yield from self.service.chat(messages, config, guesser, cancel)
+            yield from self.service.chat(messages, config, guesser, cancel, self.service.template_variables(think))
 
     def close(self) -> None:
         with self._busy:

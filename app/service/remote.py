@@ -121,6 +121,7 @@ class RemoteBackend:
 
     pair = draft = None  # the server's models are its own, and it does not say which draft it runs
     guesser_asked = True
+    thinking_switch = "enable_thinking"  # asked of the server's template, which may not read it
 
     def __init__(self, choice: RemoteChoice) -> None:
         self.choice = choice
@@ -183,16 +184,16 @@ class RemoteBackend:
                 self._client = None
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-             cancel: threading.Event) -> Iterator[BackendEvent]:
+             cancel: threading.Event, think: bool | None = None) -> Iterator[BackendEvent]:
         with self._busy:
             if self._client is None:
                 raise SpecchatError(f"not connected to {self.root}")
-            yield from self._generate(self._client, messages, config, guesser, cancel)
+            yield from self._generate(self._client, messages, config, guesser, cancel, think)
 
     # --- one answer -----------------------------------------------------------------------------
 
     def _generate(self, client: openai.OpenAI, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-                  cancel: threading.Event) -> Iterator[BackendEvent]:
+                  cancel: threading.Event, think: bool | None) -> Iterator[BackendEvent]:
         import openai
 
         before = self._counters() if self.has_metrics else {}
@@ -202,10 +203,12 @@ class RemoteBackend:
                  if v is not None and v != 0}
         if guesser != "auto":
             extra["guesser"] = guesser
+        if think is not None:  # llama-server, vLLM and specchat serve hand these to the chat template
+            extra["chat_template_kwargs"] = {"enable_thinking": think}
         t0 = time.perf_counter()
         try:
             stream = client.chat.completions.create(
-                model=self.model or "", messages=[{"role": m.role, "content": m.content} for m in messages],
+                model=self.model or "", messages=[_wire(m) for m in messages],
                 stream=True, stream_options={"include_usage": True}, temperature=s.temperature, top_p=s.top_p,
                 max_tokens=config.max_tokens, seed=s.seed, stop=list(config.stop) or None, extra_body=extra or None)
         except openai.APIError as e:
@@ -216,6 +219,7 @@ class RemoteBackend:
         watcher = threading.Thread(target=_close_on_cancel, args=(stream, cancel, ended), daemon=True)
         watcher.start()
         text: list[str] = []
+        thinking: list[str] = []
         timings: Mapping[str, Any] | None = None
         usage = None
         finish: str | None = None
@@ -230,8 +234,13 @@ class RemoteBackend:
                     usage = chunk.usage or usage
                     for choice in chunk.choices[:1]:
                         finish = choice.finish_reason or finish
-                        piece = choice.delta.content if choice.delta is not None else None
-                        if not piece:
+                        delta = choice.delta
+                        piece = (delta.content if delta is not None else None) or ""
+                        # llama-server's and vLLM's field for a reasoning model's thinking (the openai
+                        # client keeps fields it does not know in model_extra).
+                        thought = ((delta.model_extra or {}).get("reasoning_content") if delta is not None else
+                                   None) or ""
+                        if not piece and not thought:
                             continue
                         now = time.perf_counter()
                         if first is None:
@@ -239,7 +248,8 @@ class RemoteBackend:
                             yield Prefill(0, 0, now - t0)
                         chunks += 1
                         text.append(piece)
-                        yield Chunk(piece, now - (last or now))
+                        thinking.append(thought)
+                        yield Chunk(piece, now - (last or now), thought)
                         last = now
             except (openai.APIError, OSError, RuntimeError) as e:
                 # A stream closed by the watcher fails in whatever way the transport fails.
@@ -261,7 +271,7 @@ class RemoteBackend:
             stats = stats_from_counters(before, self._counters(), n_prompt, n_tokens, prefill_s, stream_s)
         else:
             figures, stats = STREAM, stats_from_stream(n_prompt, n_tokens, prefill_s, stream_s)
-        yield Done(reason, "".join(text), (), stats, figures)
+        yield Done(reason, "".join(text), (), stats, figures, thinking="".join(thinking).strip())
 
     def _counters(self) -> dict[str, float]:
         """vLLM's speculative-decoding counters now, or {} where the server has none."""
@@ -294,6 +304,12 @@ class RemoteBackend:
         if isinstance(e, openai.APIStatusError):
             return f"the server at {self.root} answered {e.status_code}: {_message(e)}"
         return f"the server at {self.root} sent something unexpected: {e}"
+
+
+def _wire(m: Message) -> dict[str, str]:
+    """A message as OpenAI-compatible servers take it: an answer's thinking as reasoning_content, which
+    llama-server hands to the template (that leaves it out of the prompt or keeps it, as it wants)."""
+    return {"role": m.role, "content": m.content} | ({"reasoning_content": m.thinking} if m.thinking else {})
 
 
 def _close_on_cancel(stream: Any, cancel: threading.Event, ended: threading.Event) -> None:

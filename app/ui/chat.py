@@ -27,8 +27,9 @@ from textual.widgets.markdown import MarkdownFence
 from specchat.decoding.events import ENGINE_FIGURES
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
+from specchat.service import choices
 from specchat.service.choices import generation
-from specchat.service.conversation import ConversationController
+from specchat.service.conversation import ConversationController, thinking_line
 from specchat.service.documents import read_document
 from specchat.ui.conversations import ConversationList
 from specchat.ui.screens import ConfirmScreen, PromptScreen
@@ -96,6 +97,8 @@ class ChatScreen(Screen[None]):
         Binding("f3", "copy_code", "Copy code", priority=True),
         Binding("ctrl+l", "attach", "Attach file", priority=True, show=False),
         Binding("ctrl+t", "toggle_provenance", "Provenance", priority=True),
+        Binding("ctrl+b", "toggle_thinking", "Thinking", priority=True),
+        Binding("f4", "cycle_thinking", "Think on/off", priority=True, show=False),
         Binding("ctrl+g", "cycle_guesser", "Guesser", priority=True),
         Binding("ctrl+f", "search", "Search", priority=True, show=False),
         Binding("f2", "rename", "Rename", show=False),
@@ -117,6 +120,7 @@ class ChatScreen(Screen[None]):
         self.conversation: ConversationController | None = None
         self.cancel = threading.Event()
         self.provenance = False
+        self._thinking_noticed = False  # the thinking setting was said not to apply to this model
         self.attachments: list[tuple[Path, str]] = []  # files for the next message: (path, text)
         self._code_cursor = -1  # which code block of the last answer F3 copied last
         self._answer: tuple[MessageView, list[str]] | None = None  # the streaming answer's view, its notices
@@ -175,7 +179,9 @@ class ChatScreen(Screen[None]):
         chat = self.query_one("#chat", VerticalScroll)
         chat.remove_children()
         for m in conversation.messages():
-            chat.mount(MessageView(m.role, m.content, (m.stats or {}).get("summary", ""), m.status))
+            stats = m.stats or {}
+            chat.mount(MessageView(m.role, m.content, stats.get("summary", ""), m.status, m.thinking,
+                                   stats.get("thinking", "")))
         chat.scroll_end(animate=False)
         self.sub_title = f"answered by {conversation.server}" if conversation.server else ""
         self.show_context(None)
@@ -261,13 +267,13 @@ class ChatScreen(Screen[None]):
             self.sub_title = f"answered by {server}"
             self.refresh_conversations()
         self._answer = (view, [])
-        self._generate(messages)
+        self._generate(messages, self.think())
 
     @work(thread=True, group="generate")
-    def _generate(self, messages: list[Message]) -> None:
+    def _generate(self, messages: list[Message], think: bool | None) -> None:
         app, settings = self.chat_app, self.chat_app.settings
         assert app.backend is not None
-        Pump(self).run(app.backend.chat(messages, generation(settings), settings.guesser, self.cancel))
+        Pump(self).run(app.backend.chat(messages, generation(settings), settings.guesser, self.cancel, think))
 
     async def on_generation_batch(self, batch: GenerationBatch) -> None:
         try:
@@ -282,6 +288,16 @@ class ChatScreen(Screen[None]):
         if backend is None:
             return
         self.query_one(StatsPanel).reset(backend.name, backend.baseline(), self.guesser_label())
+
+    def think(self) -> bool | None:
+        """The thinking setting, where the model's template has a switch for it (elsewhere, the model's
+        own default: the setting is kept, and a notice says so once)."""
+        backend = self.chat_app.backend
+        think, instead = choices.thinking(None, self.chat_app.settings, backend.thinking_switch if backend else None)
+        if instead is not None and not self._thinking_noticed:
+            self._thinking_noticed = True
+            self.notify(instead, severity="warning", timeout=10)
+        return think
 
     def guesser_label(self) -> str:
         """The guesser setting as the backend takes it: what runs, or what a server is asked to run."""
@@ -300,7 +316,7 @@ class ChatScreen(Screen[None]):
         if batch.pieces:
             stats.add(batch.pieces)
             await view.append(batch.pieces)
-            self.conversation.stream(batch.text)
+            self.conversation.stream(batch.text, batch.thinking)
         if batch.last:
             stats.flush()
         if batch.done is not None:
@@ -309,7 +325,8 @@ class ChatScreen(Screen[None]):
             # A stopped answer is kept, marked as such, so nothing the user saw is lost.
             summary = self.conversation.finish(done, self.chat_app.settings.guesser, notices)
             status = "stopped" if done.reason == "cancelled" else "complete"
-            await view.finish(done.text, summary, status)
+            await view.finish(done.text, summary, status, done.thinking,
+                              thinking_line(done) if done.thinking_tokens else "")
             source = f"guesser {self.chat_app.settings.guesser}" if done.figures == ENGINE_FIGURES else \
                 f"figures: {done.figures}"
             self.status(f"{'stopped' if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates")
@@ -402,6 +419,21 @@ class ChatScreen(Screen[None]):
             view.show_provenance(self.provenance)
         self.status("provenance " + ("on: green accepted guess, red target correction, cyan bonus token"
                                      if self.provenance else "off"))
+
+    def action_toggle_thinking(self) -> None:
+        """Fold or open the thinking of the latest answer that has some."""
+        if not any(view.toggle_thinking() for view in reversed(list(self.query(MessageView)))):
+            self.notify("No thinking to show: the answers here have none")
+
+    def action_cycle_thinking(self) -> None:
+        """The thinking setting, round default, on and off (the next answer takes it)."""
+        app, order = self.chat_app, list(choices.THINKING)
+        nxt = order[(order.index(app.settings.thinking) + 1) % len(order)]
+        app.apply_settings(replace(app.settings, thinking=nxt))
+        self._thinking_noticed = False
+        switch = app.backend.thinking_switch if app.backend is not None else None
+        self.status(f"thinking {nxt}" + ("" if switch or nxt == "default" else
+                                         " (this model's template has no switch: it does as it was trained)"))
 
     def action_cycle_guesser(self) -> None:
         app = self.chat_app

@@ -14,6 +14,7 @@ from specchat.decoding.guessers import GUESSERS
 from specchat.errors import SpecchatError
 from specchat.models.catalog import Catalog, load_catalog, size_text
 from specchat.models.fetch import on_disk
+from specchat.service.choices import THINKING
 from specchat.service.settings import Settings
 from specchat.ui.models import ModelsScreen
 from specchat.ui.paths import PathSuggester
@@ -96,6 +97,10 @@ class HelpScreen(ModalScreen[None]):
                          "cyan = bonus token.", classes="hint")
 
 
+THINKING_LABELS = {"default": "as the model does unasked", "on": "on: think before answering",
+                   "off": "off: answer at once"}
+
+
 class SettingsScreen(ModalScreen[Settings | None]):
     """Every setting, validated as a whole on save; the pair picker shows what is on disk."""
 
@@ -136,6 +141,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
             yield Label("Guesser")
             offered = self.guessers if s.guesser in self.guessers else [*self.guessers, s.guesser]
             yield Select([(g, g) for g in offered], value=s.guesser, id="guesser", allow_blank=False)
+            yield Label("Thinking, for reasoning models whose template has a switch (F4 in the chat)")
+            yield Select([(THINKING_LABELS[t], t) for t in THINKING], value=s.thinking, id="thinking", allow_blank=False)
             with Grid(classes="numbers"):
                 for key, label in (("temperature", "Temperature"), ("top_p", "Top-p"), ("top_k", "Top-k"),
                                    ("min_p", "Min-p"), ("max_tokens", "Max tokens"),
@@ -184,6 +191,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 except ValueError:
                     raise SpecchatError(f"{key.replace('_', ' ')} must be a number, got {raw!r}") from None
             values["guesser"] = self.query_one("#guesser", Select).value
+            values["thinking"] = self.query_one("#thinking", Select).value
             values["pair"] = self.query_one("#pair", Select).value
             values["system_prompt"] = self.query_one("#system_prompt", TextArea).text
             values["offline"] = self.query_one("#offline", Checkbox).value

@@ -47,6 +47,10 @@ class GenerationBatch(Message):
         return "".join(piece.text for piece in self.pieces)
 
     @property
+    def thinking(self) -> str:
+        return "".join(piece.thinking for piece in self.pieces)
+
+    @property
     def last(self) -> bool:
         """The generation is over (finished, stopped or failed): no batch follows this one."""
         return self.done is not None or self.error is not None

@@ -10,7 +10,7 @@ from markdown_it import MarkdownIt
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Markdown, Static
+from textual.widgets import Collapsible, Markdown, Static
 
 from specchat.decoding.events import ENGINE_FIGURES, Done, Source, Stats, Step
 from specchat.service.backend import Baseline
@@ -52,16 +52,21 @@ class MessageView(Vertical):
     """One message. An answer streams into Markdown and is rendered once more when complete;
     with provenance on, it shows each token coloured by where it came from instead."""
 
-    def __init__(self, role: str, content: str = "", summary: str = "", status: str = "complete") -> None:
+    def __init__(self, role: str, content: str = "", summary: str = "", status: str = "complete",
+                 thinking: str = "", thinking_figures: str = "") -> None:
         super().__init__(classes=f"message {role}")
         self.role, self.content, self.summary = role, content, summary
         self.status = status
+        self.thinking, self._thinking_figures = thinking, thinking_figures
         self.tokens: list[tuple[str, Source]] = []
         self._stream = None
 
     def compose(self) -> ComposeResult:
         label = {"user": "You", "assistant": "Assistant", "system": "System"}.get(self.role, self.role)
         yield Static(label + STATUS_LABELS.get(self.status, ""), classes="role")
+        # A reasoning model's thinking: open while it streams, folded once the answer begins (Ctrl+B).
+        with Collapsible(title=self._thinking_title(), collapsed=bool(self.content), classes="thinking"):
+            yield Static(Text(self.thinking, style="italic"), classes="thought")
         yield Markdown(self.content, classes="body")
         yield Static(Text(), classes="provenance")
         yield Static(self.summary, classes="summary")
@@ -69,9 +74,28 @@ class MessageView(Vertical):
     def on_mount(self) -> None:
         self.query_one(".provenance").display = False
         self.query_one(".summary").display = bool(self.summary)
+        self.query_one(Collapsible).display = bool(self.thinking)
+
+    def _thinking_title(self) -> str:
+        return "Thinking" + (f" · {self._thinking_figures}" if self._thinking_figures else "")
+
+    def toggle_thinking(self) -> bool:
+        """Fold or open the thinking; False if this message has none."""
+        if not self.thinking:
+            return False
+        fold = self.query_one(Collapsible)
+        fold.collapsed = not fold.collapsed
+        return True
 
     async def append(self, pieces: list[Piece]) -> None:
+        thought = "".join(p.thinking for p in pieces)
+        if thought:
+            self.thinking += thought
+            self.query_one(".thought", Static).update(Text(self.thinking.lstrip(), style="italic"))
+            self.query_one(Collapsible).display = True
         text = "".join(p.text for p in pieces)
+        if text and self.thinking and not self.content:  # the answer begins: the thinking folds away
+            self.query_one(Collapsible).collapsed = True
         # Provenance is known token by token for the engine's steps; a server's chunks are plain text.
         for piece in pieces:
             self.tokens += [(t.text, t.source) for t in piece.tokens] if isinstance(piece, Step) else \
@@ -84,12 +108,18 @@ class MessageView(Vertical):
         if self.query_one(".provenance").display:
             self._render_provenance()
 
-    async def finish(self, content: str, summary: str, status: str) -> None:
+    async def finish(self, content: str, summary: str, status: str, thinking: str = "",
+                     thinking_figures: str = "") -> None:
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
         streamed = self.content
         self.content, self.summary, self.status = content, summary, status
+        if thinking:
+            self.thinking, self._thinking_figures = thinking, thinking_figures
+            self.query_one(".thought", Static).update(Text(thinking, style="italic"))
+            fold = self.query_one(Collapsible)
+            fold.title, fold.display, fold.collapsed = self._thinking_title(), True, bool(content)
         if content != streamed:  # the stream already shows it all, unless the end was held back
             await self.query_one(Markdown).update(content)
         self.query_one(".summary", Static).update(summary)

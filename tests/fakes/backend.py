@@ -22,11 +22,14 @@ class FakeBackend:
     pair = ""
     guesser_asked = False
     n_ctx = 4096
+    thinking_switch: str | None = None
 
     def __init__(self, answer: str = "Hello **world**, this is a scripted answer.",
                  pause_after: int | None = None, notice: str | None = None,
-                 load_gate: threading.Event | None = None, plain_s: float = 0.0, slowdown: float = 1.0) -> None:
+                 load_gate: threading.Event | None = None, plain_s: float = 0.0, slowdown: float = 1.0,
+                 thinking: str = "") -> None:
         self.answer = answer
+        self.thinking = thinking  # thought before the answer, as a reasoning model's service splits it out
         self.plain_s = plain_s  # what the service would judge a plain step cost during the answer (0: not known)
         self.slowdown = slowdown  # ... and how much slower than usual its steps ran
         self.warnings: list[str] = []
@@ -35,6 +38,7 @@ class FakeBackend:
         self.notice = notice  # yielded before the answer, as the real backend does when it drops turns
         self.pause_after = pause_after  # steps after which each generation waits for a cancel or a resume
         self.calls: list[tuple[list[Message], str]] = []
+        self.thinks: list[bool | None] = []  # each call's thinking switch
         self.paused = threading.Event()  # some generation has paused
         self.pauses = 0  # how many times a generation has paused
         self._resume = threading.Semaphore(0)
@@ -80,8 +84,9 @@ class FakeBackend:
         return len(text.split())
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-             cancel: threading.Event) -> Iterator[BackendEvent]:
+             cancel: threading.Event, think: bool | None = None) -> Iterator[BackendEvent]:
         self.calls.append((list(messages), guesser))
+        self.thinks.append(think)
         self._note("start", +1)
         done = False
         try:
@@ -113,11 +118,20 @@ class FakeBackend:
         words = [w + " " for w in self.answer.split(" ")]
         words[-1] = words[-1].rstrip()
         stats, text, ids = Stats(n_prompt=12, prefill_s=0.05), "", []
+        thought = [w + " " for w in self.thinking.split(" ")] if self.thinking else []
+        for start in range(0, len(thought), 3):  # the thinking streams first, a step of 3 tokens at a time
+            chunk = thought[start:start + 3]
+            step = Step(tuple(Token(len(ids) + i, w, Source.PLAIN) for i, w in enumerate(chunk)), "", 0, 0, 0.0, 0.03,
+                        thinking="".join(chunk))
+            ids += [t.id for t in step.tokens]
+            stats = stats.add_step(step)
+            yield step
+        thinking = dict(thinking=self.thinking, thinking_tokens=len(thought), thinking_s=0.03 * len(range(0, len(thought), 3)))
         for n, start in enumerate(range(0, len(words), 3)):
             if self.pause_after is not None and n == self.pause_after:
                 self._wait(cancel)
             if cancel.is_set():
-                yield Done("cancelled", text, tuple(ids), stats)
+                yield Done("cancelled", text, tuple(ids), stats, **thinking)
                 return
             chunk = words[start:start + 3]
             sources = [Source.DRAFT] * (len(chunk) - 1) + [Source.CORRECTION]
@@ -127,4 +141,4 @@ class FakeBackend:
             text += step.text
             stats = stats.add_step(step)
             yield step
-        yield Done("eog", text, tuple(ids), stats, plain_s=self.plain_s, slowdown=self.slowdown)
+        yield Done("eog", text, tuple(ids), stats, plain_s=self.plain_s, slowdown=self.slowdown, **thinking)

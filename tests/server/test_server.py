@@ -456,7 +456,7 @@ ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/models", "/health"]
 # Fields a valid request can carry, for replacing one at a time with random values (max_tokens stays small,
 # so that a request that happens to be valid answers quickly).
 FIELDS = ["messages", "prompt", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "n", "stream",
-          "stream_options", "guesser", "draft_length", "model"]
+          "stream_options", "guesser", "draft_length", "model", "chat_template_kwargs", "reasoning_effort"]
 
 
 def _answer_is_sound(status: int, headers: dict[str, str], body: bytes) -> None:
@@ -499,6 +499,45 @@ def test_a_valid_request_with_one_random_field_never_breaks_the_server(server, p
                                            {"Content-Type": "application/json"})
     _answer_is_sound(status, headers, body)
     tally("server: property tests", inputs=1)
+
+
+# --- a reasoning model: thinking in reasoning_content, as llama-server sends it ------------------------
+
+
+@pytest.fixture(scope="module")
+def thinker(thinker_path) -> Iterator[Server]:
+    """A server on a tiny GGUF with DeepSeek R1's template, whose generation prompt opens a `<think>`."""
+    with serving(models=("--target", str(thinker_path))) as s:
+        yield s
+    assert "Traceback" not in "".join(s.stderr), "".join(s.stderr)
+
+
+def test_thinking_comes_back_as_reasoning_content_whole_and_streamed(thinker):
+    client, messages = thinker.client(), [{"role": "user", "content": "Why is the sky blue?"}]
+    whole = client.chat.completions.create(model="tiny-r1", messages=messages, max_tokens=10, temperature=0)
+    message = whole.choices[0].message
+    thinking = message.model_extra["reasoning_content"]
+    assert thinking and message.content == ""  # the tiny model never closes its <think>
+    chunks = list(client.chat.completions.create(model="tiny-r1", messages=messages, max_tokens=10, temperature=0,
+                                                 stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    streamed = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    assert streamed.strip() == thinking and not "".join(d.content or "" for d in deltas)
+    # Sent back with the next question, as clients do, the thinking is left out of the prompt by the template.
+    again = messages + [{"role": "assistant", "content": "Scattering.", "reasoning_content": thinking},
+                        {"role": "user", "content": "And at dusk?"}]
+    later = client.chat.completions.create(model="tiny-r1", messages=again, max_tokens=2, temperature=0)
+    del again[1]["reasoning_content"]
+    without = client.chat.completions.create(model="tiny-r1", messages=again, max_tokens=2, temperature=0)
+    assert later.usage.prompt_tokens == without.usage.prompt_tokens
+
+
+def test_chat_template_kwargs_switch_the_thinking_off(thinker):
+    r = thinker.client().chat.completions.create(
+        model="tiny-r1", messages=[{"role": "user", "content": "Why is the sky blue?"}], max_tokens=10, temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    message = r.choices[0].message
+    assert message.content and not (message.model_extra or {}).get("reasoning_content")
 
 
 def test_a_good_request_still_works_after_the_property_tests(server):

@@ -240,7 +240,8 @@ async def test_an_answer_that_streams_before_its_body_is_ready_shows_each_block_
     # ChatScreen.answer does now) is never held.
     started, full = [], asyncio.Event()
     generate = ChatScreen._generate
-    monkeypatch.setattr(ChatScreen, "_generate", lambda self, history: (started.append(True), generate(self, history)))
+    monkeypatch.setattr(ChatScreen, "_generate",
+                        lambda self, *args: (started.append(True), generate(self, *args)))
     append = MessageView.append
 
     async def append_and_tell(self, steps):
@@ -558,3 +559,52 @@ async def test_every_palette_command_runs_or_says_why_it_cannot(tmp_path, monkey
         refused = await run_all(1)
         assert refused == {"stop": "nothing is being generated"}
         assert sorted(ran) == sorted(set(owners) - {"stop", "quit"})
+
+
+# --- a reasoning model's thinking -----------------------------------------------------------------------
+
+THOUGHT = "The user wants a story. One about a small model guessing a big one's words will do."
+
+
+def fold(app: SpecchatApp):
+    from textual.widgets import Collapsible
+
+    return app.query(MessageView).last().query_one(Collapsible)
+
+
+async def test_thinking_streams_open_folds_when_the_answer_begins_and_ctrl_b_opens_it(tmp_path):
+    backend = FakeBackend(STORY, thinking=THOUGHT, pause_after=0)  # pauses between the thinking and the answer
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "Tell me a story")
+        # (The steps the pump holds while the backend waits are shown after it: the first went out at once.)
+        await until(pilot, lambda: backend.pauses == 1 and app.query(MessageView).last().thinking, "the thinking")
+        view = app.query(MessageView).last()
+        assert fold(app).display and not fold(app).collapsed and view.content == ""
+        backend.resume()
+        await until(pilot, lambda: answered(app), "the answer to end")
+        assert fold(app).collapsed and view.content == STORY  # folded once the answer began
+        assert fold(app).title.startswith("Thinking · 17 tokens · ")  # its own count and speed
+        [stored] = [m for m in app.store.messages(app.conversation_id) if m.role == "assistant"]
+        assert (stored.content, stored.thinking) == (STORY, THOUGHT)  # kept apart from the answer
+        await pilot.press("ctrl+b")
+        await until(pilot, lambda: not fold(app).collapsed, "Ctrl+B to open the thinking")
+        # The next question sends the thinking back apart from the answer: the template decides.
+        await send(pilot, app, "Another")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the second answer")
+        assert backend.calls[1][0][-2] == Message("assistant", STORY, THOUGHT)
+    reopened = make_app(tmp_path, FakeBackend())
+    async with reopened.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: reopened.ready and len(reopened.query(MessageView)) == 4, "the conversation")
+        first = reopened.query(MessageView)[1]
+        assert first.thinking == THOUGHT and first.query_one("Collapsible").collapsed
+
+
+async def test_ctrl_b_without_thinking_says_there_is_none(tmp_path):
+    app = make_app(tmp_path, FakeBackend(STORY))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "Hi")
+        await until(pilot, lambda: answered(app), "the answer")
+        assert not fold(app).display
+        await pilot.press("ctrl+b")
+        await until(pilot, lambda: any("No thinking" in n for n in notices(app, "information")), "the notice")
