@@ -75,6 +75,14 @@ def _parser() -> tuple[argparse.ArgumentParser, list[str]]:
     _sampling_args(g)
     g.set_defaults(run=_generate)
 
+    pr = sub.add_parser("prompt", help="print the prompt the next answer of a stored conversation would be given "
+                                       "(the chat template's text: what goes back to the model, thinking or not)")
+    pr.add_argument("--conversation", type=int, default=None, help="its number in the app (default: the latest)")
+    pr.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
+                    help="with thinking switched on or off (default: the thinking setting)")
+    _model_args(pr, guesser=False)
+    pr.set_defaults(run=_prompt)
+
     b = sub.add_parser("bench", help="plain vs speculative decoding on a prompt set, side by side")
     b.add_argument("--prompts", type=Path, nargs="+", required=True, help="JSONL files of {task, prompt}")
     b.add_argument("--json", type=Path, default=None, help="write the report here")
@@ -337,6 +345,34 @@ def _generate(args: argparse.Namespace) -> int:
             if event.thinking_tokens:
                 print(f"[thinking] {event.thinking_tokens} of the tokens in {event.thinking_s:.2f}s: "
                       f"{event.thinking_tokens_per_s:.1f} tok/s", file=sys.stderr)
+    return 0
+
+
+def _prompt(args: argparse.Namespace) -> int:
+    from specchat.llama.model import Model
+    from specchat.llama.template import ChatPrompter
+    from specchat.service.conversation import ConversationController
+    from specchat.service.loader import model_paths
+    from specchat.store.conversations import Store
+
+    settings, store = _settings(), Store()
+    ids = [c.id for c in store.conversations()]
+    if not ids or (args.conversation is not None and args.conversation not in ids):
+        raise SpecchatError("there is no conversation to show" if not ids else
+                            f"there is no conversation {args.conversation}; the app's list has {', '.join(map(str, ids[:10]))}"
+                            + ("…" if len(ids) > 10 else ""))
+    conversation = ConversationController(store, args.conversation or ids[0])
+    choice = _choice(args, settings)
+    target = Model(model_paths(choice, progress=_progress)[0], n_ctx=256, n_threads=choice.threads, n_gpu_layers=0)
+    try:  # the template and the special tokens' text are all it needs of the model
+        template = ChatPrompter(target).template
+        think, instead = choices.thinking(args.think, settings, template.switch)
+        if instead is not None:
+            print(f"specchat: warning: {instead}", file=sys.stderr)
+        sys.stdout.write(template.render(conversation.prompt_messages(settings.system_prompt),
+                                         variables=template.variables(think)))
+    finally:
+        target.close()
     return 0
 
 

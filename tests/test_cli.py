@@ -220,3 +220,17 @@ def test_the_settings_guesser_that_cannot_run_becomes_auto_and_a_given_one_is_re
     assert "[auto]" in result.stdout + result.stderr
     assert_clean_error(specchat("generate", "Say hi.", "--target", str(smol_path), "--guesser", "draft", env=env),
                        "the draft guesser needs a draft model")
+
+
+@pytest.mark.real
+def test_generate_sends_thinking_to_stderr_and_the_switch_to_the_template(thinker_path, smol_path):
+    """A tiny GGUF with DeepSeek R1's template: its generation prompt opens a <think> the random model never
+    closes, so all it writes is thinking (on stderr, with its own figures) until --no-think closes it."""
+    base = ("generate", "Why is the sky blue?", "--target", str(thinker_path), "--guesser", "none", "--max-tokens", "6")
+    thinking = specchat(*base)
+    assert thinking.returncode == 0, thinking.stderr
+    assert thinking.stdout == "" and "\nthinking:\n" in thinking.stderr
+    assert "ended inside its thinking" in thinking.stderr and "[thinking] 6 of the tokens" in thinking.stderr
+    answer = specchat(*base, "--no-think")
+    assert answer.returncode == 0 and answer.stdout.strip() and "thinking" not in answer.stderr
+    assert_clean_error(specchat("generate", "Hi", "--target", str(smol_path), "--think"), "no switch for thinking")

@@ -44,7 +44,11 @@ class ChatTemplate:
     def variables(self, think: bool | None) -> dict[str, Any]:
         """The template variables for thinking on (True), off (False) or the model's default (None). As in
         llama.cpp, enable_thinking's default is on: llama.cpp's copy of DeepSeek R1's template, for one, would
-        read it unset as off, while llama-server always passes it."""
+        read it unset as off, while llama-server always passes it. Asked of a template with no switch, it
+        refuses in one line."""
+        if think is not None and self.switch is None:
+            raise SpecchatError(f"the chat template of {self.name} has no switch for thinking: the model thinks "
+                                "as it was trained to; leave thinking at the model's default")
         if think is None:
             think = True if self.switch == "enable_thinking" else None
         return {} if think is None or self.switch is None else {self.switch: think}

@@ -80,9 +80,6 @@ class ChatService:
     def template_variables(self, think: bool | None, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """What the chat template is given beyond the messages: the thinking switch where the template has one
         (on, off, or the model's default), then a request's own (a server's chat_template_kwargs)."""
-        if think is not None and self.thinking_switch is None:
-            raise SpecchatError(f"the chat template of {self.target.path.name} has no switch for thinking: "
-                                "it thinks as it was trained to; leave the thinking setting at the model's default")
         return {**self.prompter.template.variables(think), **(given or {})}
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,

@@ -31,6 +31,7 @@ class FakeServer:
     kind: str = "timings"
     api_key: str | None = None
     answer: str = "Hello from the fake server, one word per chunk."
+    thinking: str = ""  # streamed first, a word a chunk, as reasoning_content (llama-server's field)
     models: tuple[str, ...] = ("fake-target", "fake-other")
     pause_after: int | None = None  # chunks after which a stream waits for the client to disconnect
     requests: list[dict] = field(default_factory=list)
@@ -96,6 +97,8 @@ class FakeServer:
         finished = False
         try:
             yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+            for word in self.thinking.split(" ") if self.thinking else ():
+                yield event([{"index": 0, "delta": {"reasoning_content": word + " "}, "finish_reason": None}])
             for n, word in enumerate(words):
                 if n == self.pause_after:
                     self.paused.set()

@@ -303,7 +303,9 @@ def test_the_thinking_switch_is_the_variable_each_template_reads():
     assert real("ibm-granite-granite-3.3-2B-Instruct").switch == "thinking"
     assert real("openai-gpt-oss-120b").switch is None  # it reads reasoning_effort, which has no "off"
     assert ChatTemplate(CHATML, "chatml").switch is None
-    assert ChatTemplate(CHATML, "chatml").variables(False) == {}  # nothing to switch: nothing passed
+    assert ChatTemplate(CHATML, "chatml").variables(None) == {}  # nothing to switch: nothing passed
+    with pytest.raises(SpecchatError, match="no switch for thinking"):
+        ChatTemplate(CHATML, "chatml").variables(False)
 
 
 def test_qwen3_leaves_an_earlier_answers_thinking_out_and_switches_its_own_off():

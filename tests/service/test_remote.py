@@ -135,6 +135,21 @@ def test_llama_server_timings_become_the_answers_stats():
     assert request["messages"] == [{"role": "user", "content": "Say hello"}]
 
 
+def test_a_servers_reasoning_content_is_thinking_and_the_switch_and_past_thinking_reach_it():
+    thought = "They want a greeting, so greet."
+    with serving(FakeServer(thinking=thought)) as server:
+        backend = loaded(server.url)
+        assert backend.thinking_switch == "enable_thinking"
+        history = [Message("user", "Hi"), Message("assistant", "Hello.", "A greeting back."), Message("user", "Again")]
+        events = list(backend.chat(history, GenerationConfig(), "auto", threading.Event(), think=False))
+    chunks = [e for e in events if isinstance(e, Chunk)]
+    assert "".join(c.thinking for c in chunks).strip() == thought and "".join(c.text for c in chunks) == ANSWER
+    assert (events[-1].text, events[-1].thinking) == (ANSWER, thought)
+    request = server.requests[-1]
+    assert request["chat_template_kwargs"] == {"enable_thinking": False}
+    assert request["messages"][1] == {"role": "assistant", "content": "Hello.", "reasoning_content": "A greeting back."}
+
+
 def test_vllm_metrics_are_read_before_and_after_the_answer():
     with serving(FakeServer(kind="vllm")) as server:
         backend = loaded(server.url)
