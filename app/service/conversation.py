@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from specchat.decoding.events import ENGINE_FIGURES, Done
+from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.store.conversations import Store, StoredMessage
 from specchat.store.files import atomic_write
@@ -97,13 +98,32 @@ class ConversationController:
 
     # --- writing --------------------------------------------------------------------------
 
-    def add_user(self, text: str, attachments: Sequence[tuple[Path, str]] = ()) -> str:
-        """Store the user's message, files first; the first message names the conversation."""
+    def add_user(self, text: str, attachments: Sequence[tuple[Path, str]] = (),
+                 instead_of: StoredMessage | None = None) -> str:
+        """Store the user's message, files first; the first message names the conversation. `instead_of`: an
+        edit of that message, stored as a new branch beside it (the original and its answers stay)."""
         if not self.messages():
             self.store.rename(self.id, text.splitlines()[0][:TITLE_LENGTH])
         content = attach(text, attachments)
-        self.store.add_message(self.id, "user", content)
+        self.store.add_message(self.id, "user", content, after=instead_of.parent if instead_of else "head")
         return content
+
+    def end_at(self, message: StoredMessage) -> None:
+        """Let the branch on screen end at this message: the next answer becomes a branch beside what
+        followed it (regenerate), which stays."""
+        self.store.show(self.id, message.id, down=False)
+
+    def switch(self, message: StoredMessage, step: int) -> bool:
+        """Show the branch `step` places from this message's (-1: the one before); False where there is none."""
+        siblings = self.store.siblings(message.id)
+        if message.id not in siblings:
+            raise SpecchatError("that message is gone: the conversation was changed or deleted in another "
+                                "specchat window; open it again from the list")
+        at = siblings.index(message.id) + step
+        if not 0 <= at < len(siblings):
+            return False
+        self.store.show(self.id, siblings[at])
+        return True
 
     def begin_answer(self, model: str, server: str | None) -> None:
         """Store the answer before its first token, as partial: if specchat is killed, the answer so far
@@ -151,24 +171,6 @@ class ConversationController:
             self.store.delete_message(self._answer)
         self._answer = None
         return bool(self._text or self._thinking)
-
-    def take_last_answer(self) -> bool:
-        """For regenerate: remove the last answer, if the conversation ends with one."""
-        messages = self.messages()
-        if not messages or messages[-1].role != "assistant":
-            return False
-        self.store.delete_message(messages[-1].id)
-        return True
-
-    def take_last_message(self) -> str | None:
-        """For edit-last: remove the user's last message and what followed it; returns its text."""
-        messages = self.messages()
-        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), None)
-        if last is None:
-            return None
-        for m in messages[last:]:
-            self.store.delete_message(m.id)
-        return messages[last].content
 
     def rename(self, title: str) -> None:
         self.store.rename(self.id, title)

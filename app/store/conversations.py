@@ -79,6 +79,17 @@ MIGRATIONS = [
         "VALUES ('delete', old.id, old.content, old.thinking); "
         "INSERT INTO message_text(rowid, content, thinking) VALUES (new.id, new.content, new.thinking); END",
     ),
+    # 6: conversations that branch. Each message follows its parent (NULL: it opens the conversation), so an
+    # edited message or a regenerated answer is a sibling of the one it replaces, which stays; the
+    # conversation shows the branch that ends at its head. Until now each message followed the one before.
+    (
+        "ALTER TABLE messages ADD COLUMN parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE",
+        "ALTER TABLE conversations ADD COLUMN head INTEGER",
+        "UPDATE messages SET parent_id = (SELECT max(p.id) FROM messages p "
+        "WHERE p.conversation_id = messages.conversation_id AND p.id < messages.id)",
+        "UPDATE conversations SET head = (SELECT max(id) FROM messages WHERE conversation_id = conversations.id)",
+        "CREATE INDEX messages_by_parent ON messages(parent_id)",
+    ),
 ]
 STATUSES = ("complete", "stopped", "partial")  # partial: the app died while generating it
 _BUSY_TIMEOUT_S = 10.0  # another instance's write transaction is short; wait rather than fail
@@ -109,6 +120,9 @@ class StoredMessage:
     stats: dict | None
     model: str | None = None
     thinking: str = ""  # an assistant's reasoning, apart from its answer
+    parent: int | None = None  # the message it follows (None: it opens the conversation)
+    branch: int = 1  # which of its siblings (the branches at this point) it is, from 1
+    branches: int = 1  # how many there are
 
 
 class Store:
@@ -242,23 +256,63 @@ class Store:
         return [text for row in rows for text in row if text]
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
-        rows = self.db.execute("SELECT id, role, content, status, stats, model, thinking FROM messages "
-                               "WHERE conversation_id = ? ORDER BY id", (conversation_id,))
-        return [StoredMessage(i, r, c, s, json.loads(st) if st else None, m, t) for i, r, c, s, st, m, t in rows]
+        """The branch on screen: from the first message to the conversation's head, each with where it
+        stands among its siblings."""
+        rows = self.db.execute("SELECT id, role, content, status, stats, model, thinking, parent_id FROM messages "
+                               "WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
+        if not rows:
+            return []
+        by_id = {row[0]: row for row in rows}
+        children: dict[int | None, list[int]] = {}
+        for row in rows:
+            children.setdefault(row[7], []).append(row[0])
+        head = self.db.execute("SELECT head FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        at: int | None = head[0] if head and head[0] in by_id else rows[-1][0]
+        path = []
+        while at is not None:
+            path.append(by_id[at])
+            at = by_id[at][7]
+        out = []
+        for i, r, c, s, st, m, t, parent in reversed(path):
+            siblings = children[parent]
+            out.append(StoredMessage(i, r, c, s, json.loads(st) if st else None, m, t, parent,
+                                     siblings.index(i) + 1, len(siblings)))
+        return out
+
+    def siblings(self, message_id: int) -> list[int]:
+        """The branches at a message's point of the conversation, itself included, oldest first."""
+        rows = self.db.execute("SELECT s.id FROM messages m JOIN messages s ON s.conversation_id = m.conversation_id "
+                               "AND s.parent_id IS m.parent_id WHERE m.id = ? ORDER BY s.id", (message_id,))
+        return [row[0] for row in rows]
+
+    def show(self, conversation_id: int, message_id: int, down: bool = True) -> None:
+        """Show the branch through this message: down to the newest message written after it (or, not
+        `down`, ending at it: the next message then starts a branch there)."""
+        at = message_id
+        while down and (child := self.db.execute("SELECT max(id) FROM messages WHERE parent_id = ?",
+                                                 (at,)).fetchone()[0]):
+            at = child
+        self.db.execute("UPDATE conversations SET head = ? WHERE id = ?", (at, conversation_id))
 
     def add_message(self, conversation_id: int, role: str, content: str, status: str = "complete",
-                    stats: dict | None = None, model: str | None = None) -> int:
+                    stats: dict | None = None, model: str | None = None, after: int | None | str = "head") -> int:
+        """A message at the end of the branch on screen, or, `after` a given message (None: as the first), a
+        new branch there; the conversation then shows the branch it ends."""
         assert status in STATUSES, status
         now = time.time()
         with self.db:
             # IMMEDIATE: take the write lock first (waiting for another instance's), rather than read,
             # then find at the write that the other instance committed in between ("database is locked").
             self.db.execute("BEGIN IMMEDIATE")
+            if after == "head":
+                shown = self.messages(conversation_id)
+                after = shown[-1].id if shown else None
             cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, status, stats, created, "
-                                  "model) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                  "model, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                   (conversation_id, role, content, status, json.dumps(stats) if stats else None, now,
-                                   model))
-            self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+                                   model, after))
+            self.db.execute("UPDATE conversations SET updated = ?, head = ? WHERE id = ?",
+                            (now, cur.lastrowid, conversation_id))
         return cur.lastrowid
 
     def update_message(self, message_id: int, content: str, status: str = "partial",
@@ -269,7 +323,20 @@ class Store:
                         "WHERE id = ?", (content, status, json.dumps(stats) if stats else None, thinking, message_id))
 
     def delete_message(self, message_id: int) -> None:
-        self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+        """Delete a message and the branches that follow it; the conversation then shows the branch it
+        came from."""
+        row = self.db.execute("SELECT conversation_id, parent_id FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            return
+        conversation_id, parent = row
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+            if parent is not None:
+                self.show(conversation_id, parent)
+            else:
+                self.db.execute("UPDATE conversations SET head = (SELECT max(id) FROM messages WHERE conversation_id = ?)"
+                                " WHERE id = ?", (conversation_id, conversation_id))
 
     def export_markdown(self, conversation_id: int) -> str:
         title = self.db.execute("SELECT title FROM conversations WHERE id = ?", (conversation_id,)).fetchone()

@@ -248,9 +248,10 @@ class SpecchatApp(App[None]):
 
     async def _command(self, namespace: App | Screen, action: str) -> None:
         """Run a palette command, or say why it cannot run now (the key would be disabled)."""
-        why = self.chat.disabled_reason(action) if namespace is self.chat else None
+        name = action.split("(")[0]  # "branch(1)": the action branch, given 1
+        why = self.chat.disabled_reason(name) if namespace is self.chat else None
         if why is not None:
-            self.notify(f"Cannot {action.replace('_', ' ')} now: {why}", severity="warning")
+            self.notify(f"Cannot {name.replace('_', ' ')} now: {why}", severity="warning")
             return
         await namespace.run_action(action)
 

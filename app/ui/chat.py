@@ -31,6 +31,7 @@ from specchat.service import choices
 from specchat.service.choices import generation
 from specchat.service.conversation import ConversationController, thinking_line
 from specchat.service.documents import read_document
+from specchat.store.conversations import StoredMessage
 from specchat.ui.conversations import ConversationList
 from specchat.ui.screens import ConfirmScreen, PromptScreen
 from specchat.ui.streaming import GenerationBatch, Pump
@@ -92,7 +93,11 @@ class ChatScreen(Screen[None]):
         Binding("ctrl+n", "new_chat", "New chat", priority=True),
         Binding("escape", "stop", "Stop", priority=True),
         Binding("ctrl+r", "regenerate", "Regenerate", priority=True),
-        Binding("ctrl+e", "edit_last", "Edit last", priority=True, show=False),
+        Binding("ctrl+e", "edit", "Edit", priority=True, show=False),
+        Binding("alt+up", "select(-1)", "Select the message above", priority=True, show=False),
+        Binding("alt+down", "select(1)", "Select the message below", priority=True, show=False),
+        Binding("alt+left", "branch(-1)", "Branch ←", priority=True, show=False),
+        Binding("alt+right", "branch(1)", "Branch →", priority=True, show=False),
         Binding("ctrl+y", "copy_answer", "Copy answer", priority=True, show=False),
         Binding("f3", "copy_code", "Copy code", priority=True),
         Binding("ctrl+l", "attach", "Attach file", priority=True, show=False),
@@ -108,8 +113,8 @@ class ChatScreen(Screen[None]):
     ]
     # What may not run while an answer streams (it would start a second generation, or take the
     # answer's conversation away from under it), and what needs the models loaded.
-    NOT_WHILE_BUSY = {"new_chat", "regenerate", "edit_last", "cycle_guesser", "delete_chat", "rewrite", "attach",
-                      "search"}
+    NOT_WHILE_BUSY = {"new_chat", "regenerate", "edit", "cycle_guesser", "delete_chat", "rewrite", "attach",
+                      "search", "select", "branch"}
     NEEDS_MODELS = {"regenerate", "rewrite", "cycle_guesser"}
 
     busy: reactive[bool] = reactive(False, bindings=True)
@@ -124,6 +129,8 @@ class ChatScreen(Screen[None]):
         self.attachments: list[tuple[Path, str]] = []  # files for the next message: (path, text)
         self._code_cursor = -1  # which code block of the last answer F3 copied last
         self._answer: tuple[MessageView, list[str]] | None = None  # the streaming answer's view, its notices
+        self.selected: int | None = None  # the message Alt+Up/Down chose (its place on screen); None: the last
+        self.editing: StoredMessage | None = None  # the message the input holds an edit of (sent as a branch)
 
     @property
     def chat_app(self) -> SpecchatApp:
@@ -181,8 +188,11 @@ class ChatScreen(Screen[None]):
         for m in conversation.messages():
             stats = m.stats or {}
             chat.mount(MessageView(m.role, m.content, stats.get("summary", ""), m.status, m.thinking,
-                                   stats.get("thinking", "")))
-        chat.scroll_end(animate=False)
+                                   stats.get("thinking", ""), (m.branch, m.branches)))
+        if self.selected is None:
+            chat.scroll_end(animate=False)
+        else:
+            self.call_after_refresh(self._mark_selected)
         self.sub_title = f"answered by {conversation.server}" if conversation.server else ""
         self.show_context(None)
 
@@ -238,12 +248,16 @@ class ChatScreen(Screen[None]):
         box.clear()
         assert self.conversation is not None
         first = not self.conversation.messages()
-        content = self.conversation.add_user(text, self.attachments)
+        editing, self.editing, self.selected = self.editing, None, None
+        content = self.conversation.add_user(text, self.attachments, instead_of=editing)
         if first:
             self.refresh_conversations()  # its first message named it
         self.attachments = []
         self.query_one(StatsPanel).attached([])
-        await self.query_one("#chat").mount(MessageView("user", content))
+        if editing is not None:  # a new branch: what followed the original is on another branch now
+            self.open(self.conversation)
+        else:
+            await self.query_one("#chat").mount(MessageView("user", content))
         await self.answer()
 
     async def answer(self) -> None:
@@ -263,6 +277,9 @@ class ChatScreen(Screen[None]):
         messages = self.prompt_messages()
         marked = self.conversation.server
         self.conversation.begin_answer(app.backend.name, server)
+        stored = self.conversation.messages()[-1]
+        view.branches = stored.branch, stored.branches
+        view.relabel()
         if server is not None and marked != server:  # the conversation says where its answers came from
             self.sub_title = f"answered by {server}"
             self.refresh_conversations()
@@ -335,6 +352,7 @@ class ChatScreen(Screen[None]):
             # Whatever streamed before the failure stays, marked stopped; an empty answer goes.
             if not self.conversation.fail():
                 await view.remove()
+                self.open(self.conversation)  # a failed regenerate: the branch it left shows again
             self.chat_app.fail(batch.error)
         if batch.last:
             self._answer, self._code_cursor = None, -1
@@ -345,22 +363,77 @@ class ChatScreen(Screen[None]):
     def action_stop(self) -> None:
         self.cancel.set()
 
+    def _acted_on(self, role: str) -> StoredMessage | None:
+        """The selected message if it is of this role, else the last such message on screen."""
+        assert self.conversation is not None
+        messages = self.conversation.messages()
+        if self.selected is not None and self.selected < len(messages) and messages[self.selected].role == role:
+            return messages[self.selected]
+        return next((m for m in reversed(messages) if m.role == role), None)
+
     async def action_regenerate(self) -> None:
-        if self.conversation is None or not self.conversation.take_last_answer():
+        """Answer the selected question again (else the last): a new branch; the old answer stays beside it."""
+        answer = self._acted_on("assistant") if self.conversation is not None else None
+        if answer is None or answer.parent is None:
             self.notify("Nothing to regenerate")
             return
+        assert self.conversation is not None
         self.busy, self.cancel = True, threading.Event()
-        await self.query(MessageView).last().remove()
+        self.conversation.end_at(next(m for m in self.conversation.messages() if m.id == answer.parent))
+        self.selected = None
+        self.open(self.conversation)
         await self.answer()
 
-    def action_edit_last(self) -> None:
-        text = self.conversation.take_last_message() if self.conversation is not None else None
-        if text is None:
+    def action_edit(self) -> None:
+        """Put the selected message of yours (else the last) in the input: sent, it starts a new branch."""
+        message = self._acted_on("user") if self.conversation is not None else None
+        if message is None:
             return
-        self.open(self.conversation)
+        self.editing = message
         box = self.query_one("#input", ChatInput)
-        box.text = text
+        box.text = message.content
         box.focus()
+        self.status("editing your message: Enter sends it as a new branch (the original stays: Alt+←/→)")
+
+    def action_select(self, step: int) -> None:
+        """Move the selection up or down the messages: regenerate, edit and Alt+←/→ act on it."""
+        views = list(self.query(MessageView))
+        if not views:
+            return
+        at = (len(views) if self.selected is None else self.selected) + step
+        self.selected = None if at >= len(views) else max(0, at)
+        self._mark_selected()
+
+    def _mark_selected(self) -> None:
+        views = list(self.query(MessageView))
+        for n, view in enumerate(views):
+            view.set_class(n == self.selected, "selected")
+        if self.selected is not None and self.selected < len(views):
+            view = views[self.selected]
+            view.scroll_visible()
+            self.status(f"selected: {'your message' if view.role == 'user' else 'an answer'} "
+                        f"{self.selected + 1} of {len(views)} · Ctrl+E edits, Ctrl+R regenerates, Alt+←/→ its branches")
+        else:
+            self.status("")
+
+    def action_branch(self, step: int) -> None:
+        """Show another branch at the selected message (else at the last message that has branches)."""
+        assert self.conversation is not None
+        messages = self.conversation.messages()
+        at = self.selected if self.selected is not None and self.selected < len(messages) else next(
+            (n for n in range(len(messages) - 1, -1, -1) if messages[n].branches > 1), None)
+        try:
+            switched = at is not None and self.conversation.switch(messages[at], step)
+        except SpecchatError as e:
+            self.notify(str(e), severity="error", timeout=10)
+            return
+        if not switched:
+            self.notify("No other branch there" if at is not None else "This conversation has no branches")
+            return
+        self.selected = at
+        self.open(self.conversation)
+        m = self.conversation.messages()[at]
+        self.status(f"branch {m.branch} of {m.branches} · Alt+←/→ moves between them")
 
     def _last_answer(self) -> str | None:
         last = self.conversation.last("assistant") if self.conversation is not None else None

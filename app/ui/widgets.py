@@ -53,17 +53,26 @@ class MessageView(Vertical):
     with provenance on, it shows each token coloured by where it came from instead."""
 
     def __init__(self, role: str, content: str = "", summary: str = "", status: str = "complete",
-                 thinking: str = "", thinking_figures: str = "") -> None:
+                 thinking: str = "", thinking_figures: str = "", branches: tuple[int, int] = (1, 1)) -> None:
         super().__init__(classes=f"message {role}")
         self.role, self.content, self.summary = role, content, summary
         self.status = status
+        self.branches = branches  # (which, of how many) branches at this point of the conversation
         self.thinking, self._thinking_figures = thinking, thinking_figures
         self.tokens: list[tuple[str, Source]] = []
         self._stream = None
 
+    def label(self) -> str:
+        """Who wrote it, how it ended when not whole, and which branch of how many it is."""
+        which, of = self.branches
+        return ({"user": "You", "assistant": "Assistant", "system": "System"}.get(self.role, self.role)
+                + STATUS_LABELS.get(self.status, "") + (f"  ← {which}/{of} →" if of > 1 else ""))
+
+    def relabel(self) -> None:
+        self.query_one(".role", Static).update(self.label())
+
     def compose(self) -> ComposeResult:
-        label = {"user": "You", "assistant": "Assistant", "system": "System"}.get(self.role, self.role)
-        yield Static(label + STATUS_LABELS.get(self.status, ""), classes="role")
+        yield Static(self.label(), classes="role")
         # A reasoning model's thinking: open while it streams, folded once the answer begins (Ctrl+B).
         with Collapsible(title=self._thinking_title(), collapsed=bool(self.content), classes="thinking"):
             yield Static(Text(self.thinking, style="italic"), classes="thought")
@@ -124,7 +133,7 @@ class MessageView(Vertical):
             await self.query_one(Markdown).update(content)
         self.query_one(".summary", Static).update(summary)
         self.query_one(".summary").display = True
-        self.query_one(".role", Static).update("Assistant" + STATUS_LABELS.get(status, ""))
+        self.relabel()
 
     def show_provenance(self, on: bool) -> None:
         on = on and bool(self.tokens)

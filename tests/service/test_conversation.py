@@ -93,23 +93,52 @@ def test_a_failed_generation_keeps_what_streamed_and_drops_an_empty_answer(tmp_p
     assert [m.role for m in chat.messages()] == ["user", "assistant"]
 
 
-def test_regenerate_takes_only_a_last_answer_and_edit_takes_the_last_message_and_what_follows(tmp_path):
+def answered(chat: ConversationController, question: str, answer: str, instead_of=None) -> None:
+    chat.add_user(question, instead_of=instead_of)
+    chat.begin_answer("m", None)
+    chat.finish(done(answer), "none")
+
+
+def contents(chat: ConversationController) -> list[str]:
+    return [m.content for m in chat.messages()]
+
+
+def test_regenerate_and_edit_make_branches_and_keep_what_was_there(tmp_path):
     store, chat, _ = make(tmp_path)
-    assert chat.take_last_answer() is False and chat.take_last_message() is None  # nothing there yet
-    chat.add_user("one")
-    assert chat.take_last_answer() is False  # the conversation ends with the user's message
+    answered(chat, "one", "first")
+    answered(chat, "two", "second")
+    # Regenerate the first answer: the branch ends at its question, and the new answer is its sibling.
+    chat.end_at(chat.messages()[0])
+    assert contents(chat) == ["one"]
     chat.begin_answer("m", None)
-    chat.finish(done("first"), "none")
-    chat.add_user("two")
+    chat.finish(done("first again"), "none")
+    assert contents(chat) == ["one", "first again"] and (chat.messages()[1].branch, chat.messages()[1].branches) == (2, 2)
+    # The old answer, and what followed it, are a branch away.
+    assert chat.switch(chat.messages()[1], -1) and contents(chat) == ["one", "first", "two", "second"]
+    assert not chat.switch(chat.messages()[1], -1)  # no branch before the first
+    # Edit the second question: a sibling of it, with its own answer; the original stays.
+    answered(chat, "two, edited", "second, to the edit", instead_of=chat.messages()[2])
+    assert contents(chat) == ["one", "first", "two, edited", "second, to the edit"]
+    assert [(m.branch, m.branches) for m in chat.messages()] == [(1, 1), (1, 2), (2, 2), (1, 1)]
+    assert chat.switch(chat.messages()[2], -1) and contents(chat) == ["one", "first", "two", "second"]
+    # Editing the very first message makes a second first message.
+    answered(chat, "one, edited", "a new start", instead_of=chat.messages()[0])
+    assert contents(chat) == ["one, edited", "a new start"] and chat.messages()[0].branches == 2
+    # Every branch's text is there for the history guesser; the export follows the branch on screen.
+    assert {"first", "first again", "second", "second, to the edit", "a new start"} <= set(store.texts())
+    exported = chat.export().read_text()
+    assert "a new start" in exported and "second" not in exported
+
+
+def test_a_branch_killed_mid_answer_survives_marked(tmp_path):
+    store, chat, _ = make(tmp_path)
+    answered(chat, "one", "first")
+    chat.end_at(chat.messages()[0])
     chat.begin_answer("m", None)
-    chat.finish(done("second"), "none")
-    assert chat.take_last_answer() is True
-    assert [m.content for m in chat.messages()] == ["one", "first", "two"]
-    chat.begin_answer("m", None)
-    chat.finish(done("second again"), "none")
-    assert chat.take_last_message() == "two"
-    assert [m.content for m in chat.messages()] == ["one", "first"]
-    assert chat.last("assistant").content == "first" and chat.last("user").content == "one"
+    chat.stream("half a second try")  # the app dies here
+    reopened = ConversationController(Store(store.path), chat.id)
+    assert [(m.content, m.status) for m in reopened.messages()] == [("one", "complete"), ("half a second try", "partial")]
+    assert reopened.switch(reopened.messages()[1], -1) and contents(reopened) == ["one", "first"]
 
 
 def test_export_rename_and_delete(tmp_path):

@@ -28,9 +28,9 @@ def _v1_database(path: Path) -> None:
 RELEASE_DB = Path(__file__).resolve().parent / "data" / "schema4-release.db"
 
 
-def test_a_database_the_last_release_wrote_gains_thinking_and_loses_nothing(tmp_path):
-    """data/schema4-release.db was written by the release before thinking was stored (schema 4, commit
-    5f20314's Store): two conversations, one answered by a server, an answer killed mid-stream."""
+def test_a_database_the_last_release_wrote_gains_thinking_and_branches_and_loses_nothing(tmp_path):
+    """data/schema4-release.db was written by the release before thinking and branches were stored (schema
+    4, commit 5f20314's Store): two conversations, one answered by a server, an answer killed mid-stream."""
     path = tmp_path / "chat.db"
     path.write_bytes(RELEASE_DB.read_bytes())
     before = sqlite3.connect(path)
@@ -39,12 +39,17 @@ def test_a_database_the_last_release_wrote_gains_thinking_and_loses_nothing(tmp_
     assert before.execute("PRAGMA user_version").fetchone()[0] == 4 and len(rows) == 7
     before.close()
     store = Store(path)
-    assert store.version == len(MIGRATIONS) == 5
+    assert store.version == len(MIGRATIONS) == 6
     after = store.db.execute("SELECT id, conversation_id, role, content, status, stats, model FROM messages")
     assert after.fetchall() == rows
     assert store.db.execute("SELECT id, title, server FROM conversations").fetchall() == conversations
     assert all(m.thinking == "" for c in store.conversations() for m in store.messages(c.id))
     assert [m.status for m in store.messages(1)][-1] == "partial"  # still marked interrupted
+    # Each message now follows the one before it: one branch, in the order it was written.
+    shown = store.messages(1)
+    assert [m.id for m in shown] == [r[0] for r in rows if r[1] == 1]
+    assert [m.parent for m in shown] == [None] + [m.id for m in shown[:-1]]
+    assert all((m.branch, m.branches) == (1, 1) for m in shown)
     assert [c.title for c in store.search("Rome")] == ["Capital cities"]  # the index, rebuilt, still finds
     answer = store.add_message(1, "assistant", "", "partial")
     store.update_message(answer, "Rome.", "complete", thinking="Italy's capital is Rome, not Milan.")

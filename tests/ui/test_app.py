@@ -118,7 +118,8 @@ async def test_regenerate_and_edit(tmp_path):
         assert [m.role for m in app.store.messages(app.conversation_id)] == ["user", "assistant"]
         await pilot.press("ctrl+e")
         assert app.query_one("#input").text == "first question"
-        assert app.store.messages(app.conversation_id) == []
+        # Nothing is taken away: the edit, once sent, is a branch beside the question (tests/ui/test_chat_screen).
+        assert [(m.role, m.branches) for m in app.store.messages(app.conversation_id)] == [("user", 1), ("assistant", 2)]
 
 
 async def test_restart_finds_the_conversation(tmp_path):
@@ -145,7 +146,7 @@ async def test_rewrite_a_file_and_save(tmp_path):
         await pilot.click("#go")
         await until(pilot, lambda: app.screen.result is not None, "the rewrite")
         assert backend.calls[-1][1] == "auto"  # lookup where the rewrite copies, plain elsewhere
-        assert app.screen.result == "Rewritten paragraph."
+        assert app.screen.result.rstrip("\n") == "Rewritten paragraph."
         await pilot.press("ctrl+s")
         await pilot.pause()
     saved = tmp_path / "notes.rewritten.md"

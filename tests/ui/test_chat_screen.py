@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -525,7 +526,9 @@ async def test_every_palette_command_runs_or_says_why_it_cannot(tmp_path, monkey
     async with app.run_test(size=(120, 36)) as pilot:
         await until(pilot, lambda: app.ready, "models to load")
         ran: list[str] = []
-        owners = {b.action: app.chat for b in ChatScreen.BINDINGS} | {b.action: app for b in SpecchatApp.BINDINGS}
+        # An action with arguments ("branch(1)") is its name's: it counts once however many keys run it.
+        owners = {b.action.split("(")[0]: app.chat for b in ChatScreen.BINDINGS} | \
+            {b.action: app for b in SpecchatApp.BINDINGS}
         ours = [c for c in app.get_system_commands(app.screen) if c.help.endswith(")")]  # "Title (key)"
         assert {c.title for c in ours} == {b.description for b in [*ChatScreen.BINDINGS, *SpecchatApp.BINDINGS]
                                            if b.action != "quit"}
@@ -550,15 +553,16 @@ async def test_every_palette_command_runs_or_says_why_it_cannot(tmp_path, monkey
         await streaming(pilot, app, backend)
         # Recorded instead of run: what each action does is tested on its own elsewhere.
         for action, owner in owners.items():
-            monkeypatch.setattr(owner, f"action_{action}", lambda action=action: ran.append(action))
-        refused = await run_all(len(ChatScreen.NOT_WHILE_BUSY))
+            monkeypatch.setattr(owner, f"action_{action}", lambda *args, action=action: ran.append(action))
+        keys = Counter(b.action.split("(")[0] for b in ChatScreen.BINDINGS)
+        refused = await run_all(sum(keys[a] for a in ChatScreen.NOT_WHILE_BUSY))
         assert refused == {a: "an answer is streaming: Esc stops it" for a in ChatScreen.NOT_WHILE_BUSY}
-        assert sorted(ran) == sorted(set(owners) - ChatScreen.NOT_WHILE_BUSY - {"quit"})
+        assert sorted(set(ran)) == sorted(set(owners) - ChatScreen.NOT_WHILE_BUSY - {"quit"})
         backend.resume()
         await until(pilot, lambda: answered(app), "the answer to finish")
         refused = await run_all(1)
         assert refused == {"stop": "nothing is being generated"}
-        assert sorted(ran) == sorted(set(owners) - {"stop", "quit"})
+        assert sorted(set(ran)) == sorted(set(owners) - {"stop", "quit"})
 
 
 # --- a reasoning model's thinking -----------------------------------------------------------------------
@@ -608,3 +612,40 @@ async def test_ctrl_b_without_thinking_says_there_is_none(tmp_path):
         assert not fold(app).display
         await pilot.press("ctrl+b")
         await until(pilot, lambda: any("No thinking" in n for n in notices(app, "information")), "the notice")
+
+
+# --- branches -----------------------------------------------------------------------------------------
+
+
+def labels(app: SpecchatApp) -> list[str]:
+    return [str(view.query_one(".role", Static).render()) for view in app.query(MessageView)]
+
+
+async def test_regenerate_and_edit_make_branches_that_alt_arrows_walk(tmp_path):
+    backend = FakeBackend("A first story.")
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "Tell me a story")
+        await until(pilot, lambda: answered(app), "the first answer")
+        backend.answer = "A second story."
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the regenerated answer")
+        assert labels(app) == ["You", "Assistant  ← 2/2 →"]
+        await pilot.press("alt+left")
+        await until(pilot, lambda: app.query(MessageView).last().content == "A first story.", "the first branch")
+        assert labels(app) == ["You", "Assistant  ← 1/2 →"]
+        # Select the question (Alt+Up twice from the end) and edit it: a new branch of the question.
+        await pilot.press("alt+up", "alt+up", "ctrl+e")
+        await until(pilot, lambda: app.query_one("#input").text == "Tell me a story", "the question in the input")
+        backend.answer = "A poem, then."
+        app.query_one("#input").text = "Tell me a poem"
+        await pilot.press("enter")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 3, "the answer to the edit")
+        assert labels(app) == ["You  ← 2/2 →", "Assistant"]
+        assert backend.calls[2][0][-1].content == "Tell me a poem"  # the edit went without the old answers
+        assert [m.content for m in app.store.messages(app.conversation_id)] == ["Tell me a poem", "A poem, then."]
+        await pilot.press("alt+up", "alt+up", "alt+left")  # the question's first branch, and its newest answer
+        await until(pilot, lambda: app.query(MessageView).last().content == "A second story.", "the old question")
+        assert labels(app) == ["You  ← 1/2 →", "Assistant  ← 2/2 →"]
+        export = app.chat.conversation.export().read_text()  # the branch on screen
+        assert "A second story." in export and "poem" not in export
