@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -114,3 +114,91 @@ def word_diff(original: str, rewritten: str) -> list[tuple[str, str]]:
             runs.append(("".join(b[j1:j2]), "added"))
     return runs
 
+
+
+@dataclass(frozen=True)
+class Change:
+    """One changed passage of a rewrite: what it removes from the original and what it puts instead."""
+
+    removed: str
+    added: str
+
+
+class Review:
+    """A rewrite reviewed change by change: every change starts accepted (the rewrite as written), and
+    each can be rejected (the original's words stay) or accepted again. `text` is the document with the
+    accepted changes; `runs` is the diff as it now stands, for showing.
+
+    Changes a word or a space apart are one passage: a rewritten phrase is one decision, not five."""
+
+    def __init__(self, original: str, rewritten: str) -> None:
+        # The rewrite ends as the original does (a model's answer is stripped), so that the last newline is
+        # no change to review, and rejecting every change gives back the original exactly.
+        self.original = original
+        self.rewritten = saved_form(rewritten.rstrip("\n")) if original.endswith("\n") else rewritten.rstrip("\n")
+        parts: list[str | Change] = []
+        for text, kind in word_diff(original, self.rewritten):
+            if kind == "same":
+                parts.append(text)
+                continue
+            last = parts.pop() if parts and isinstance(parts[-1], Change) else Change("", "")
+            parts.append(replace(last, removed=last.removed + text) if kind == "removed" else
+                         replace(last, added=last.added + text))
+        self._parts: list[str | Change] = []
+        for part in parts:
+            if isinstance(part, Change) and len(self._parts) >= 2 and isinstance(self._parts[-2], Change) \
+                    and len(_WORDS.findall(str(self._parts[-1]))) <= 2:
+                same, before = self._parts.pop(), self._parts.pop()
+                assert isinstance(before, Change) and isinstance(same, str)
+                part = Change(before.removed + same + part.removed, before.added + same + part.added)
+            self._parts.append(part)
+        self.changes = [p for p in self._parts if isinstance(p, Change)]
+        self.accepted = [True] * len(self.changes)
+
+    def decide(self, index: int, accept: bool) -> None:
+        self.accepted[index] = accept
+
+    def decide_all(self, accept: bool) -> None:
+        self.accepted = [accept] * len(self.changes)
+
+    @property
+    def text(self) -> str:
+        """The document as the review stands: the original, with the accepted changes made."""
+        out, n = [], 0
+        for part in self._parts:
+            if isinstance(part, Change):
+                out.append(part.added if self.accepted[n] else part.removed)
+                n += 1
+            else:
+                out.append(part)
+        return "".join(out)
+
+    def runs(self) -> list[tuple[str, str, int | None]]:
+        """The diff for showing: (text, kind, change index); kind is "same", "removed", "added" for an
+        accepted change, or "kept" and "declined" for a rejected one (its original words, and the words
+        it would have put)."""
+        out: list[tuple[str, str, int | None]] = []
+        n = 0
+        for part in self._parts:
+            if not isinstance(part, Change):
+                out.append((part, "same", None))
+                continue
+            accepted = self.accepted[n]
+            if part.removed:
+                out.append((part.removed, "removed" if accepted else "kept", n))
+            if part.added:
+                out.append((part.added, "added" if accepted else "declined", n))
+            n += 1
+        return out
+
+    def summary(self) -> str:
+        taken = sum(self.accepted)
+        return f"{taken} of {len(self.changes)} changes accepted, {len(self.changes) - taken} rejected"
+
+
+def unchanged_since(path: Path, original: str) -> bool:
+    """Whether the file still holds the text the review was made of (another program may have saved it)."""
+    try:
+        return path.read_text(encoding="utf-8") == original
+    except (OSError, UnicodeDecodeError):
+        return False

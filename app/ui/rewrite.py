@@ -21,15 +21,7 @@ from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.backend import Backend
 from specchat.service.choices import generation
-from specchat.service.documents import (
-    PRESETS,
-    output_path,
-    read_document,
-    rewrite_requests,
-    save,
-    saved_form,
-    word_diff,
-)
+from specchat.service.documents import PRESETS, Review, output_path, read_document, rewrite_requests, save, unchanged_since
 from specchat.service.settings import Settings
 from specchat.ui.screens import ConfirmScreen
 from specchat.ui.streaming import GenerationBatch, Pump
@@ -39,21 +31,32 @@ from specchat.ui.widgets import StatsPanel
 # decodes plainly where it does not, so it never loses to plain decoding the way fixed-length
 # lookup does on a CPU.
 GUESSER = "auto"
-DIFF_STYLE = {"same": "", "removed": "strike red", "added": "bold green"}
-DIFF_MARKS = {"same": ("", ""), "removed": ("[-", "-]"), "added": ("{+", "+}")}  # as git diff --word-diff
+# An accepted change shows what it removes and adds; a rejected one its original words as they stay, and
+# the words it would have put, dimmed.
+DIFF_STYLE = {"same": "", "removed": "strike red", "added": "bold green", "kept": "", "declined": "dim strike"}
+DIFF_MARKS = {"same": ("", ""), "removed": ("[-", "-]"), "added": ("{+", "+}"),  # as git diff --word-diff
+              "kept": ("", ""), "declined": ("{x", "x}")}
+CURRENT = " reverse"  # the change that the review keys act on
 
 
-def _marked(run: str, kind: str) -> tuple[str, str]:
+def _marked(run: str, kind: str, current: bool = False) -> tuple[str, str]:
     start, end = DIFF_MARKS[kind]
     shown = run.replace("\n", "⏎\n") if kind != "same" and not run.strip() else run  # a joined paragraph shows
-    return start + shown + end, DIFF_STYLE[kind]
+    return start + shown + end, DIFF_STYLE[kind] + (CURRENT if current else "")
 
 CUSTOM = "custom"
 
 
 class RewriteScreen(Screen[None]):
     BINDINGS = [Binding("ctrl+r", "start", "Rewrite"), Binding("escape", "stop_or_close", "Stop / back"),
-                Binding("ctrl+s", "save", "Save new file"), Binding("ctrl+w", "overwrite", "Overwrite original")]
+                # Priority: the review keys work wherever the focus is (the text areas have their own ctrl+y).
+                Binding("ctrl+down", "move(1)", "Next change", priority=True),
+                Binding("ctrl+up", "move(-1)", "Previous", priority=True),
+                Binding("ctrl+y", "decide(True)", "Accept", priority=True),
+                Binding("ctrl+n", "decide(False)", "Reject", priority=True),
+                Binding("alt+y", "decide_all(True)", "Accept all", show=False, priority=True),
+                Binding("alt+n", "decide_all(False)", "Reject all", show=False, priority=True),
+                Binding("ctrl+s", "save", "Save new file"), Binding("ctrl+w", "overwrite", "Overwrite original", priority=True)]
 
     def __init__(self, path: Path, backend: Backend | None, settings: Settings, guesser: str = GUESSER) -> None:
         super().__init__()
@@ -62,9 +65,15 @@ class RewriteScreen(Screen[None]):
             raise SpecchatError("the models are still loading; open the document again in a moment")
         self.path, self.backend, self.settings = path, backend, settings
         self.original = read_document(path)
-        self.result: str | None = None
+        self.review: Review | None = None  # the finished rewrite, change by change
+        self.current = 0  # the change the review keys act on
         self.cancel = threading.Event()
         self.running = False
+
+    @property
+    def result(self) -> str | None:
+        """What saving writes now: the document with the accepted changes (None until a rewrite is done)."""
+        return self.review.text if self.review is not None else None
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -106,7 +115,7 @@ class RewriteScreen(Screen[None]):
         instruction = self.instruction()
         if self.running or not instruction:
             return
-        self.running, self.result = True, None
+        self.running, self.review = True, None
         self.cancel.clear()
         self.query_one("#result", TextArea).text = ""
         self.query_one("#diff-pane").display = False
@@ -166,47 +175,85 @@ class RewriteScreen(Screen[None]):
         self.query_one("#rewrite-status", Static).update(text)
 
     def _finished(self, text: str) -> None:
-        self.result = text
-        self.query_one("#result", TextArea).text = text
-        self.query_one("#diff", Static).update(Text.assemble(*(_marked(run, kind)
-                                                                for run, kind in word_diff(self.original, saved_form(text)))))
+        self.review, self.current = Review(self.original, text), 0
         self.query_one("#diff-pane").display = True
+        self._show_review()
         panel = self.query_one(StatsPanel)
         totals, (speedup, busy) = panel.totals, panel.speedup()
         speed = f"{totals.tokens_per_s:.1f} tok/s" + (f", {speedup:.2f}x plain decoding" if speedup else "") + (
             " (uncertain: the machine was busy)" if busy else "")
         self._set_status(f"done: {totals.n_tokens} tokens, {speed} ({self.guesser}, {totals.tokens_per_step:.2f} tok/step). "
-                         "Ctrl+S saves a new file, Ctrl+W overwrites the original")
+                         f"{len(self.review.changes)} changes, all accepted: Ctrl+↓/↑ steps through them, Ctrl+Y/"
+                         "Ctrl+N accepts/rejects one (Alt+Y/Alt+N all); Ctrl+S saves, Ctrl+W overwrites the original")
+
+    def _show_review(self) -> None:
+        """The diff and the text as the review now stands, the current change highlighted."""
+        assert self.review is not None
+        self.query_one("#result", TextArea).text = self.review.text
+        self.query_one("#diff", Static).update(Text.assemble(
+            *(_marked(run, kind, n == self.current) for run, kind, n in self.review.runs())))
+
+    def action_move(self, step: int) -> None:
+        if self.review is None or not self.review.changes:
+            return
+        self.current = (self.current + step) % len(self.review.changes)
+        self._show_review()
+        self._set_status(f"change {self.current + 1} of {len(self.review.changes)} "
+                         f"({'accepted' if self.review.accepted[self.current] else 'rejected'}) · {self.review.summary()}")
+
+    def action_decide(self, accept: bool) -> None:
+        if self.review is None or not self.review.changes:
+            return
+        self.review.decide(self.current, accept)
+        self.action_move(1 if self.current + 1 < len(self.review.changes) else 0)  # on to the next one
+
+    def action_decide_all(self, accept: bool) -> None:
+        if self.review is None:
+            return
+        self.review.decide_all(accept)
+        self._show_review()
+        self._set_status(self.review.summary())
 
     def action_save(self) -> None:
-        if self.result is None:
+        if self.review is None:
             self.notify("Nothing to save yet", severity="warning")
             return
         try:
-            path = save(self.result, output_path(self.path))
-        except OSError as e:  # a full disk or a read-only folder: the rewrite stays here to retry
+            path = save(self.review.text, output_path(self.path))
+        except OSError as e:  # a full disk or a read-only folder: the review stays here to retry
             self.notify(f"could not save next to {self.path}: {e.strerror}; the original is unchanged",
                         severity="error", timeout=15)
             return
-        self.notify(f"Saved to {path}")
-        self._set_status(f"saved to {path} (the original is unchanged)")
+        moved = "" if unchanged_since(self.path, self.original) else \
+            f"; note: {self.path.name} changed on disk since it was opened, and this is a rewrite of the version opened"
+        self.notify(f"Saved to {path} ({self.review.summary()}){moved}", severity="warning" if moved else "information")
+        self._set_status(f"saved to {path}: {self.review.summary()} (the original is unchanged){moved}")
 
     def action_overwrite(self) -> None:
-        if self.result is None:
+        if self.review is None:
             return
-        result = self.result
+        text, summary = self.review.text, self.review.summary()
+
+        def changed() -> bool:
+            # Another program's save since the document was opened is never lost to the rewrite.
+            if unchanged_since(self.path, self.original):
+                return False
+            self.notify(f"{self.path} changed on disk since it was opened, so it was not overwritten; Ctrl+S saves "
+                        "the review as a new file", severity="error", timeout=15)
+            return True
 
         def done(yes: bool | None) -> None:
-            if not yes:
+            if not yes or changed():  # checked again at the last moment
                 return
             try:
-                save(result, self.path)
+                save(text, self.path)
             except OSError as e:
                 self.notify(f"could not overwrite {self.path}: {e.strerror}; it is unchanged", severity="error",
                             timeout=15)
                 return
-            self.notify(f"Overwrote {self.path}")
-        self.app.push_screen(ConfirmScreen(f"Overwrite {self.path} with the rewrite?"), done)
+            self.notify(f"Overwrote {self.path} ({summary})")
+        if not changed():
+            self.app.push_screen(ConfirmScreen(f"Overwrite {self.path} with the rewrite ({summary})?"), done)
 
     def action_stop_or_close(self) -> None:
         if self.running:

@@ -56,3 +56,39 @@ def test_a_rewrite_is_requests_that_fit_the_context_and_answer_in_full():
         assert words(messages[-1].content.removeprefix("Fix it.\n\n")) <= budget
         assert config.max_tokens == budget + 64 and config.stop == ()
     assert "\n\n".join(m[-1].content.removeprefix("Fix it.\n\n") for m, _ in requests) == "\n\n".join(paras)
+
+
+# --- a rewrite reviewed change by change ------------------------------------------------------------------
+
+ORIGINAL = "The cat sat on teh mat. It was happy.\n\nThe dog barked loudly at night.\n"
+REWRITE = "The cat sat on the mat. It was very happy indeed.\n\nThe dog barked at night."
+
+
+def test_a_review_starts_with_the_rewrite_and_gives_back_exactly_what_was_accepted():
+    from specchat.service.documents import Change, Review
+
+    review = Review(ORIGINAL, REWRITE)
+    # A phrase rewritten around a kept word is one passage; the model's stripped ending is no change.
+    assert review.changes == [Change("teh", "the"), Change("happy", "very happy indeed"), Change("loudly ", "")]
+    assert review.text == REWRITE + "\n"  # every change starts accepted: the rewrite as written
+    review.decide(1, False)
+    assert review.text == "The cat sat on the mat. It was happy.\n\nThe dog barked at night.\n"
+    assert review.summary() == "2 of 3 changes accepted, 1 rejected"
+    kinds = [(text, kind) for text, kind, n in review.runs() if n == 1]
+    assert kinds == [("happy", "kept"), ("very happy indeed", "declined")]
+    review.decide_all(False)
+    assert review.text == ORIGINAL  # nothing accepted: the original, byte for byte
+    review.decide_all(True)
+    assert review.text == REWRITE + "\n"
+
+
+def test_the_review_knows_when_the_file_changed_on_disk(tmp_path: Path):
+    from specchat.service.documents import unchanged_since
+
+    doc = tmp_path / "notes.md"
+    doc.write_text(ORIGINAL)
+    assert unchanged_since(doc, ORIGINAL)
+    doc.write_text(ORIGINAL + "A line another editor added.\n")
+    assert not unchanged_since(doc, ORIGINAL)
+    doc.unlink()
+    assert not unchanged_since(doc, ORIGINAL)

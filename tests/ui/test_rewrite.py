@@ -1,0 +1,62 @@
+"""Rewrite mode's review, driven by Pilot on a scripted backend: step through the changes, accept some and
+reject others, and save exactly those; an original changed on disk meanwhile is never overwritten."""
+
+from __future__ import annotations
+
+from fakes import FakeBackend
+from pilot import make_app, until
+
+from specchat.ui.rewrite import RewriteScreen
+
+ORIGINAL = "The cat sat on teh mat. It was happy.\n\nThe dog barked loudly at night.\n"
+REWRITE = "The cat sat on the mat. It was very happy indeed.\n\nThe dog barked at night."
+
+
+async def reviewed(pilot, app) -> RewriteScreen:
+    await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
+    screen = app.screen
+    await pilot.press("ctrl+r")
+    await until(pilot, lambda: screen.review is not None and not screen.running, "the rewrite")
+    return screen
+
+
+async def test_changes_accepted_and_rejected_one_by_one_are_saved_exactly(tmp_path):
+    doc = tmp_path / "notes.md"
+    doc.write_text(ORIGINAL)
+    app = make_app(tmp_path, FakeBackend(answer=REWRITE), rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        screen = await reviewed(pilot, app)
+        assert len(screen.review.changes) == 3 and screen.current == 0
+        await pilot.press("ctrl+y", "ctrl+n")  # accept the first, reject the second (each moves on)
+        await until(pilot, lambda: screen.current == 2, "the third change")
+        assert "1 rejected" in str(app.screen.query_one("#rewrite-status").render())
+        shown = app.screen.query_one("#result").text
+        assert shown == "The cat sat on the mat. It was happy.\n\nThe dog barked at night.\n"  # as it stands
+        await pilot.press("ctrl+up", "ctrl+up", "ctrl+n")  # back to the first, and reject it after all
+        await until(pilot, lambda: screen.review.accepted == [False, False, True], "the first rejected")
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: (tmp_path / "notes.rewritten.md").exists(), "the save")
+    assert (tmp_path / "notes.rewritten.md").read_text() == "The cat sat on teh mat. It was happy.\n\nThe dog barked at night.\n"
+    assert doc.read_text() == ORIGINAL
+
+
+async def test_an_original_changed_on_disk_is_not_overwritten_and_the_review_still_saves_apart(tmp_path):
+    doc = tmp_path / "notes.md"
+    doc.write_text(ORIGINAL)
+    app = make_app(tmp_path, FakeBackend(answer=REWRITE), rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await reviewed(pilot, app)
+        # Changed while the overwrite waits for its confirmation: refused at the last moment.
+        await pilot.press("ctrl+w")
+        await until(pilot, lambda: app.screen.__class__.__name__ == "ConfirmScreen", "the confirmation")
+        changed = ORIGINAL + "A line another editor saved meanwhile.\n"
+        doc.write_text(changed)
+        await pilot.press("y")
+        await until(pilot, lambda: any("changed on disk" in n.message for n in app._notifications), "the refusal")
+        await pilot.press("ctrl+w")  # and asked again, refused at once
+        await until(pilot, lambda: sum("changed on disk" in n.message for n in app._notifications) == 2, "again")
+        assert isinstance(app.screen, RewriteScreen)
+        assert doc.read_text() == changed  # the other program's save is not lost
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: (tmp_path / "notes.rewritten.md").exists(), "the save apart")
+    assert (tmp_path / "notes.rewritten.md").read_text() == REWRITE + "\n"
