@@ -288,13 +288,13 @@ def test_the_prompter_keeps_the_tokens_an_answer_was_generated_as():
 
 # --- reasoning models' templates (tests/templates/: the real ones, as llama.cpp vendors them) -------------
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+REASONING_TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 THOUGHT = Message("assistant", "Paris.", thinking="France's capital is Paris.")
 TURNS = [Message("user", "Capital of France?"), THOUGHT, Message("user", "And of Italy?")]
 
 
 def real(name: str) -> ChatTemplate:
-    return ChatTemplate((TEMPLATES / f"{name}.jinja").read_text(), name, "<|begin▁of▁sentence|>", "")
+    return ChatTemplate((REASONING_TEMPLATES / f"{name}.jinja").read_text(), name, "<|begin▁of▁sentence|>", "")
 
 
 def test_the_thinking_switch_is_the_variable_each_template_reads():

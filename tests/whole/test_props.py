@@ -653,6 +653,7 @@ SETTINGS: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
     "server": (st.sampled_from(["", "http://127.0.0.1:8080", "https://gpu.example:8000/v1"]),
                st.sampled_from(["localhost:8080", "ftp://x", "gpu.example"]) | not_strings),
     "seed": (st.integers(-1, 2**63 - 1), st.sampled_from([-2, 2**63, 7.0, "7", True])),
+    "thinking": (st.sampled_from(["default", "on", "off"]), st.sampled_from(["maybe", "", "ON", 1, True])),
 }
 
 
