@@ -387,6 +387,9 @@ class _BrokenService:
 
     n_ctx, guessers = 256, ["none"]
 
+    def template_variables(self, *args: Any) -> dict[str, Any]:
+        return {}
+
     def chat(self, *args: Any) -> Iterator[Any]:
         raise RuntimeError("a bug in the model layer")
 
