@@ -78,6 +78,7 @@ def _parser() -> tuple[argparse.ArgumentParser, list[str]]:
     pr = sub.add_parser("prompt", help="print the prompt the next answer of a stored conversation would be given "
                                        "(the chat template's text: what goes back to the model, thinking or not)")
     pr.add_argument("--conversation", type=int, default=None, help="its number in the app (default: the latest)")
+    pr.add_argument("--then", metavar="TEXT", default=None, help="a next message of yours, as if sent")
     pr.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
                     help="with thinking switched on or off (default: the thinking setting)")
     _model_args(pr, guesser=False)
@@ -350,7 +351,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _prompt(args: argparse.Namespace) -> int:
     from specchat.llama.model import Model
-    from specchat.llama.template import ChatPrompter
+    from specchat.llama.template import ChatPrompter, Message
     from specchat.service.conversation import ConversationController
     from specchat.service.loader import model_paths
     from specchat.store.conversations import Store
@@ -369,8 +370,9 @@ def _prompt(args: argparse.Namespace) -> int:
         think, instead = choices.thinking(args.think, settings, template.switch)
         if instead is not None:
             print(f"specchat: warning: {instead}", file=sys.stderr)
-        sys.stdout.write(template.render(conversation.prompt_messages(settings.system_prompt),
-                                         variables=template.variables(think)))
+        messages = conversation.prompt_messages(settings.system_prompt)
+        messages += [Message("user", args.then)] if args.then is not None else []
+        sys.stdout.write(template.render(messages, variables=template.variables(think)))
     finally:
         target.close()
     return 0
