@@ -649,3 +649,26 @@ async def test_regenerate_and_edit_make_branches_that_alt_arrows_walk(tmp_path):
         assert labels(app) == ["You  ← 1/2 →", "Assistant  ← 2/2 →"]
         export = app.chat.conversation.export().read_text()  # the branch on screen
         assert "A second story." in export and "poem" not in export
+
+
+async def test_the_thinking_folds_as_the_first_words_of_the_answer_arrive():
+    from textual.app import App
+
+    from specchat.decoding.events import Source, Step, Token
+
+    def step(text: str = "", thinking: str = "") -> Step:
+        return Step((Token(0, thinking or text, Source.PLAIN),), text, 0, 0, 0.0, 0.01, thinking=thinking)
+
+    class One(App):
+        def compose(self):
+            yield MessageView("assistant")
+
+    app = One()
+    async with app.run_test() as pilot:
+        view = app.query_one(MessageView)
+        await view.append([step(thinking="Weighing it up")])
+        await pilot.pause()
+        assert fold(app).display and not fold(app).collapsed  # open while the thinking streams
+        await view.append([step(thinking=" still"), step(text="The answer")])
+        await pilot.pause()
+        assert fold(app).collapsed and view.content == "The answer" and view.thinking == "Weighing it up still"
