@@ -67,7 +67,6 @@ class Splitter:
         self.format = reasoning.format
         self._state = _State.THINKING if reasoning.starts_open else _State.START
         self._held = ""
-        self._channel = ""
         self._strip = True  # a section's first text drops its leading whitespace (the newline after a tag)
         self.thought = False  # the answer had thinking (so far)
 
@@ -88,7 +87,7 @@ class Splitter:
     def flush(self) -> tuple[str, str]:
         """The answer ended: what was held back is released as it stands."""
         rest, self._held = self._held, ""
-        if self._state is _State.ANSWER or (self._state is _State.START and self.format is Format.TAGS):
+        if self._state in (_State.ANSWER, _State.START):  # nothing opened a thinking: it is answer
             return "", rest
         return ("", "") if self._state is _State.HEADER else (rest, "")
 
@@ -142,15 +141,14 @@ class Splitter:
             if self._state is _State.START and not held.startswith((START, CHANNEL)):
                 if any(m.startswith(held) for m in (START, CHANNEL)):
                     return False
-                self._state, self._channel, self._strip = _State.ANSWER, ANSWER_CHANNEL, False
+                self._state, self._strip = _State.ANSWER, False
                 return True
             at = held.find(MESSAGE)
             if at < 0:
                 return False
             header = held[:at]
-            channel = header.split(CHANNEL, 1)[1] if CHANNEL in header else ""
-            self._channel = channel.split("<|", 1)[0].split()[0] if channel.split() else ""
-            self._state = _State.ANSWER if self._channel == ANSWER_CHANNEL else _State.THINKING
+            channel = header.split(CHANNEL, 1)[1].split("<|", 1)[0].split() if CHANNEL in header else []
+            self._state = _State.ANSWER if channel[:1] == [ANSWER_CHANNEL] else _State.THINKING
             if self._state is _State.THINKING and self.thought:  # another thinking message: a paragraph apart
                 thinking.append("\n\n")
             self.thought |= self._state is _State.THINKING
