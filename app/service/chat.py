@@ -22,7 +22,7 @@ from specchat.service.costs import machine_turns
 from specchat.service.events import ChatEvent, Notice
 from specchat.service.history import History
 from specchat.service.pair import LoadedPair
-from specchat.service.thinking import split_thinking
+from specchat.service.thinking import ThinkingSplit
 
 # Room kept for the answer when old turns must go: the max-tokens setting, up to this much.
 ANSWER_ROOM = 256
@@ -95,13 +95,14 @@ class ChatService:
                          f"the oldest {dropped} message(s) were left out of this answer")
         if self.history is not None:
             self.history.sync()  # a deleted conversation's text is not copied from
-        events = self._generate(prompt, config, guesser, cancel, self.prompter.continued)
-        for event in split_thinking(events, self._reasoning(variables)):
-            if isinstance(event, Done):
-                self.prompter.remember(event.token_ids)
-                if self.history is not None:
-                    self.history.learn([m.content for m in messages] + [event.thinking, event.text])
-            yield event
+        split = ThinkingSplit(self._reasoning(variables))
+        for engine_event in self._generate(prompt, config, guesser, cancel, self.prompter.continued):
+            for event in split(engine_event):
+                if isinstance(event, Done):
+                    self.prompter.remember(event.token_ids)
+                    if self.history is not None:
+                        self.history.learn([m.content for m in messages] + [event.thinking, event.text])
+                yield event
 
     def _reasoning(self, variables: dict[str, Any]) -> Reasoning:
         key = json.dumps(variables, sort_keys=True, default=str)

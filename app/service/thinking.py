@@ -8,33 +8,38 @@ count every token the model decoded: thinking is work the user waits for.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Iterator
 
 from specchat.decoding.events import Done, Event, Step
 from specchat.decoding.reasoning import CLOSE, Format, Reasoning, Splitter, split
 from specchat.service.events import ChatEvent, Notice
 
 
-def split_thinking(events: Iterable[Event], reasoning: Reasoning) -> Iterator[ChatEvent]:
-    splitter = Splitter(reasoning)
-    tokens, seconds = 0, 0.0
-    for event in events:
+class ThinkingSplit:
+    """One answer's events, each passed on with its thinking split out (a call per event, so the service's
+    own loop drives it: nothing here iterates the service's generators)."""
+
+    def __init__(self, reasoning: Reasoning) -> None:
+        self.reasoning, self.splitter = reasoning, Splitter(reasoning)
+        self.tokens, self.seconds = 0, 0.0  # what the thinking took
+
+    def __call__(self, event: Event) -> list[ChatEvent]:
         if isinstance(event, Step):
-            was = splitter.thinking
-            thought, answer = splitter.push(event.text)
+            was = self.splitter.thinking
+            thought, answer = self.splitter.push(event.text)
             # A step that released no answer while thinking was its own (the one that closes the thinking
             # and starts the answer counts as answer: a step's tokens are not divided).
-            if not answer and (was or thought or splitter.thinking):
-                tokens += len(event.tokens)
-                seconds += event.draft_s + event.verify_s
-            yield replace(event, text=answer, thinking=thought)
-        elif isinstance(event, Done):
-            thinking, answer = split(event.text, reasoning)  # the Done holds the whole text
-            if splitter.unclosed:
-                close = CLOSE if reasoning.format is Format.TAGS else "its final channel"
-                yield Notice(f"the answer ended inside its thinking (no {close}): what it wrote is kept as "
-                             "thinking; raise max tokens, or ask again")
-            yield replace(event, text=answer, thinking=thinking.strip(),
-                          thinking_tokens=tokens if thinking else 0, thinking_s=seconds if thinking else 0.0)
-        else:
-            yield event
+            if not answer and (was or thought or self.splitter.thinking):
+                self.tokens += len(event.tokens)
+                self.seconds += event.draft_s + event.verify_s
+            return [replace(event, text=answer, thinking=thought)]
+        if isinstance(event, Done):
+            thinking, answer = split(event.text, self.reasoning)  # the Done holds the whole text
+            said: list[ChatEvent] = []
+            if self.splitter.unclosed:
+                close = CLOSE if self.reasoning.format is Format.TAGS else "its final channel"
+                said.append(Notice(f"the answer ended inside its thinking (no {close}): what it wrote is kept as "
+                                   "thinking; raise max tokens, or ask again"))
+            return [*said, replace(event, text=answer, thinking=thinking.strip(),
+                                   thinking_tokens=self.tokens if thinking else 0,
+                                   thinking_s=self.seconds if thinking else 0.0)]
+        return [event]

@@ -216,13 +216,15 @@ class Store:
         rows = self.db.execute("SELECT id, title, updated, server FROM conversations ORDER BY updated DESC, id DESC")
         return [Conversation(*row) for row in rows]
 
-    def search(self, query: str, limit: int = 50) -> list[Conversation]:
+    def search(self, query: str, limit: int = 50, thinking: bool = True) -> list[Conversation]:
         """Conversations whose title or any message holds every word of `query` (a word may be the
-        start of a longer one), most recent first."""
+        start of a longer one), most recent first; `thinking`: in a reasoning model's thinking too."""
         words = re.findall(r"\w+", query)
         if not words:
             return self.conversations()
         match = " ".join(f'"{w}"*' for w in words)  # quoted: FTS5 syntax in the query is just text
+        if not thinking:
+            match = f"content : ({match})"
         rows = self.db.execute(
             "SELECT id, title, updated, server FROM conversations WHERE id IN (SELECT m.conversation_id FROM message_text "
             "JOIN messages m ON m.id = message_text.rowid WHERE message_text MATCH ?) OR title LIKE ? "
@@ -344,7 +346,8 @@ class Store:
         if server := self.server(conversation_id):
             lines += [f"Answered by the server at {server}", ""]
         for m in self.messages(conversation_id):
-            mark = {"stopped": " (stopped)", "partial": " (interrupted)"}.get(m.status, "")
+            mark = {"stopped": " (stopped)", "partial": " (interrupted)"}.get(m.status, "") + (
+                f" (branch {m.branch} of {m.branches})" if m.branches > 1 else "")
             lines += [f"## {m.role.capitalize()}{mark}", ""]
             if m.thinking:  # marked as thinking: a quote under its own heading, apart from the answer
                 lines += ["### Thinking", "", *(f"> {line}".rstrip() for line in m.thinking.splitlines()), ""]

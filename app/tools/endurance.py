@@ -191,8 +191,8 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
             check_answer(app, report)
             report.stops += stop is not None and app.store.messages(app.conversation_id)[-1].status == "stopped"
             if turn % 4 == 0:
-                # The new answer may get the old one's id (SQLite reuses the highest rowid once it is
-                # deleted): that it started shows as the stats panel's fresh list of steps.
+                # The new answer is a branch beside the old one, last on screen once it is stored: that
+                # it started shows as the stats panel's fresh list of steps.
                 panel = app.query_one(StatsPanel)
                 old = panel.steps
                 await pilot.press("ctrl+r")
@@ -217,8 +217,8 @@ def _record_ids(backend, report: Report) -> None:
 
     chat = backend.chat
 
-    def recording(messages, config, guesser, cancel):
-        for event in chat(messages, config, guesser, cancel):
+    def recording(messages, config, guesser, cancel, think=None):
+        for event in chat(messages, config, guesser, cancel, think):
             if isinstance(event, Done):
                 report.prompt_ids, report.final_ids = list(backend.service.last_prompt), list(event.token_ids)
             yield event

@@ -182,6 +182,8 @@ class ChatScreen(Screen[None]):
         self.query_one(ConversationList).refresh_list()
 
     def open(self, conversation: ConversationController) -> None:
+        if self.conversation is None or conversation.id != self.conversation.id:
+            self.selected = self.editing = None  # they were of the conversation left
         self.conversation = conversation
         chat = self.query_one("#chat", VerticalScroll)
         chat.remove_children()

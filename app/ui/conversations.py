@@ -82,7 +82,8 @@ class ConversationSearch(Provider):
         if not query.strip() or not lists:
             return
         sidebar = lists.first()
+        said = {c.id for c in sidebar.store.search(query, limit=10, thinking=False)}
         for conv in sidebar.store.search(query, limit=10):
             yield Hit(1.0, f"Open conversation: {conv.title}",
                       partial(sidebar.post_message, ConversationList.Chosen(conv.id)),
-                      help=f"holds “{query.strip()}”")
+                      help=f"holds “{query.strip()}”" + ("" if conv.id in said else " in its thinking"))

@@ -160,3 +160,29 @@ def test_the_controller_loads_no_textual(tmp_path):
             "print('textual' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert out.stdout.strip() == "False"
+
+
+def test_the_branches_of_a_conversation_deleted_elsewhere_are_one_line(tmp_path):
+    import pytest
+
+    from specchat.errors import SpecchatError
+
+    store, chat, _ = make(tmp_path)
+    answered(chat, "one", "first")
+    shown = chat.messages()[1]
+    Store(store.path).delete(chat.id)  # another window deletes it
+    with pytest.raises(SpecchatError, match="deleted in another specchat window"):
+        chat.switch(shown, 1)
+
+
+def test_three_branches_and_the_export_of_the_one_on_screen(tmp_path):
+    store, chat, _ = make(tmp_path)
+    answered(chat, "Name a colour.", "Red.")
+    for again in ("Blue.", "Green."):
+        chat.end_at(chat.messages()[0])
+        chat.begin_answer("m", None)
+        chat.finish(done(again), "none")
+    assert [(m.content, m.branch, m.branches) for m in chat.messages()] == [("Name a colour.", 1, 1), ("Green.", 3, 3)]
+    assert chat.switch(chat.messages()[1], -1)  # the second of three
+    exported = chat.export().read_text()
+    assert "## Assistant (branch 2 of 3)\n\nBlue." in exported and "Red." not in exported and "Green." not in exported

@@ -14,7 +14,7 @@ from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
 from specchat.service.events import Notice
 from specchat.service.loader import load_pair
-from specchat.service.thinking import split_thinking
+from specchat.service.thinking import ThinkingSplit
 
 
 def step(text: str, n: int, seconds: float = 0.1) -> Step:
@@ -26,7 +26,8 @@ def run(texts: list[tuple[str, int]], reasoning: Reasoning = Reasoning()) -> lis
     steps = [step(t, n) for t, n in texts]
     stats = Stats(n_tokens=sum(n for _, n in texts), steps=len(steps), verify_s=0.1 * len(steps))
     done = Done("eog", "".join(t for t, _ in texts), (), stats)
-    return list(split_thinking([*steps, done], reasoning))
+    split = ThinkingSplit(reasoning)
+    return [out for event in [*steps, done] for out in split(event)]
 
 
 def test_thinking_gets_its_own_text_tokens_and_seconds_and_the_stats_still_count_it_all():

@@ -55,6 +55,7 @@ def test_a_database_the_last_release_wrote_gains_thinking_and_branches_and_loses
     store.update_message(answer, "Rome.", "complete", thinking="Italy's capital is Rome, not Milan.")
     assert store.messages(1)[-1].thinking == "Italy's capital is Rome, not Milan."
     assert [c.title for c in store.search("Milan")] == ["Capital cities"]  # thinking is searched too
+    assert store.search("Milan", thinking=False) == [] and len(store.search("Rome", thinking=False)) == 1
     assert "### Thinking\n\n> Italy's capital is Rome, not Milan.\n\nRome." in store.export_markdown(1)
     store.delete_message(answer)
     assert store.search("Milan") == []  # the index forgets a deleted message's thinking

@@ -672,3 +672,21 @@ async def test_the_thinking_folds_as_the_first_words_of_the_answer_arrive():
         await view.append([step(thinking=" still"), step(text="The answer")])
         await pilot.pause()
         assert fold(app).collapsed and view.content == "The answer" and view.thinking == "Weighing it up still"
+
+
+async def test_an_edit_begun_in_one_conversation_is_not_sent_into_another(tmp_path):
+    backend = FakeBackend("An answer.")
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "First chat")
+        await until(pilot, lambda: answered(app), "the first answer")
+        first = app.conversation_id
+        await pilot.press("ctrl+e")  # an edit of "First chat" begun...
+        await until(pilot, lambda: app.chat.editing is not None, "the edit")
+        await pilot.press("ctrl+n")  # ...and left for a new conversation
+        await until(pilot, lambda: app.conversation_id != first, "the new chat")
+        await send(pilot, app, "Second chat")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the second answer")
+        assert [(m.content, m.branches) for m in app.store.messages(app.conversation_id)] == \
+            [("Second chat", 1), ("An answer.", 1)]
+        assert [m.content for m in app.store.messages(first)] == ["First chat", "An answer."]

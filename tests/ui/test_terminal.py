@@ -40,3 +40,26 @@ def test_chat_in_a_real_terminal(tmp_path, qwen_paths):
     rows = db.execute("SELECT role, status, length(content) FROM messages ORDER BY id").fetchall()
     assert [r[0] for r in rows] == ["user", "assistant"]
     assert rows[1][1] == "complete" and rows[1][2] > 0
+
+
+def test_a_reasoning_models_thinking_folds_and_opens_in_a_real_terminal(tmp_path, thinker_path):
+    """The tiny GGUF with DeepSeek R1's template: its generation prompt opens a <think> the random model
+    never closes, so the answer is all thinking: shown under its own fold with its figures (left open, as
+    there is no answer to show instead), which Ctrl+B folds, and stored apart from the (empty) answer."""
+    session = f"specchat-think-{os.getpid()}"
+    launch(session, tmp_path, "max_tokens = 24\n", "--target", str(thinker_path))
+    try:
+        wait_for(session, r"ready · guesser", timeout=120)
+        tmux("send-keys", "-t", session, "-l", "Why is the sky blue?")
+        tmux("send-keys", "-t", session, "Enter")
+        shown = wait_for(session, r"done · guesser", timeout=120)
+        assert re.search(r"▼ Thinking · 24 tokens · [\d.]+ tok/s", shown), shown
+        assert "ended inside its thinking" in shown  # said, as a notice and in the summary line
+        tmux("send-keys", "-t", session, "C-b")
+        wait_for(session, r"▶ Thinking · 24 tokens", timeout=30)
+        tmux("send-keys", "-t", session, "C-q")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    db = sqlite3.connect(tmp_path / "data" / "specchat" / "specchat.db")
+    [(content, thinking)] = db.execute("SELECT content, thinking FROM messages WHERE role = 'assistant'").fetchall()
+    assert content == "" and thinking
