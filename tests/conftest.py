@@ -98,3 +98,13 @@ def thinker_path(tmp_path_factory: pytest.TempPathFactory, smol_path: Path) -> P
     template = (TEMPLATES / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text(encoding="utf-8")
     return write("llama", tmp_path_factory.mktemp("thinker") / "tiny-r1.gguf", tokenizer_from=smol_path,
                  chat_template=template)
+
+
+@pytest.fixture(scope="session")
+def harmony_path(tmp_path_factory: pytest.TempPathFactory, smol_path: Path) -> Path:
+    """A tiny random GGUF carrying gpt-oss's real chat template (Harmony channels, reasoning_effort)."""
+    from tiny_gguf import write
+
+    template = (TEMPLATES / "openai-gpt-oss-120b.jinja").read_text(encoding="utf-8")
+    return write("llama", tmp_path_factory.mktemp("harmony") / "tiny-gpt-oss.gguf", tokenizer_from=smol_path,
+                 chat_template=template)
