@@ -268,8 +268,7 @@ class Store:
         children: dict[int | None, list[int]] = {}
         for row in rows:
             children.setdefault(row[7], []).append(row[0])
-        head = self.db.execute("SELECT head FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
-        at: int | None = head[0] if head and head[0] in by_id else rows[-1][0]
+        at = self._head(conversation_id)
         path = []
         while at is not None:
             path.append(by_id[at])
@@ -280,6 +279,14 @@ class Store:
             out.append(StoredMessage(i, r, c, s, json.loads(st) if st else None, m, t, parent,
                                      siblings.index(i) + 1, len(siblings)))
         return out
+
+    def _head(self, conversation_id: int) -> int | None:
+        """The last message of the branch on screen: the conversation's head, or its newest message where the
+        head is not one of its messages (None: it has none)."""
+        return self.db.execute(
+            "SELECT coalesce((SELECT m.id FROM conversations c JOIN messages m ON m.id = c.head AND m.conversation_id = c.id"
+            " WHERE c.id = ?), (SELECT max(id) FROM messages WHERE conversation_id = ?))",
+            (conversation_id, conversation_id)).fetchone()[0]
 
     def siblings(self, message_id: int) -> list[int]:
         """The branches at a message's point of the conversation, itself included, oldest first."""
@@ -307,8 +314,7 @@ class Store:
             # then find at the write that the other instance committed in between ("database is locked").
             self.db.execute("BEGIN IMMEDIATE")
             if after == "head":
-                shown = self.messages(conversation_id)
-                after = shown[-1].id if shown else None
+                after = self._head(conversation_id)
             cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, status, stats, created, "
                                   "model, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                   (conversation_id, role, content, status, json.dumps(stats) if stats else None, now,
