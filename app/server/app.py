@@ -77,6 +77,7 @@ def create_app(service: ChatService, model_id: str, worker: Worker, api_key: str
         messages = [Message("system" if m.role == "developer" else m.role, m.text(), m.reasoning_content or "")
                     for m in body.messages]
         config = body.generation_config(service.n_ctx)
+
         def work(cancel: threading.Event) -> Iterator[ChatEvent]:
             variables = service.template_variables(None, body.template_variables())
             return service.chat(messages, config, body.guesser, cancel, variables)

@@ -74,8 +74,8 @@ class MessageView(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(self.label(), classes="role")
         # A reasoning model's thinking: open while it streams, folded once the answer begins (Ctrl+B).
-        with Collapsible(title=self._thinking_title(), collapsed=bool(self.content), classes="thinking"):
-            yield Static(Text(self.thinking, style="italic"), classes="thought")
+        with Collapsible(collapsed=bool(self.content), classes="thinking"):
+            yield Static(classes="thought")
         yield Markdown(self.content, classes="body")
         yield Static(Text(), classes="provenance")
         yield Static(self.summary, classes="summary")
@@ -83,10 +83,14 @@ class MessageView(Vertical):
     def on_mount(self) -> None:
         self.query_one(".provenance").display = False
         self.query_one(".summary").display = bool(self.summary)
-        self.query_one(Collapsible).display = bool(self.thinking)
+        self._show_thinking()
 
-    def _thinking_title(self) -> str:
-        return "Thinking" + (f" · {self._thinking_figures}" if self._thinking_figures else "")
+    def _show_thinking(self) -> None:
+        """The thinking section as the message now stands: its text and figures, hidden while there is none."""
+        fold = self.query_one(Collapsible)
+        fold.title = "Thinking" + (f" · {self._thinking_figures}" if self._thinking_figures else "")
+        fold.display = bool(self.thinking)
+        self.query_one(".thought", Static).update(Text(self.thinking.lstrip(), style="italic"))
 
     def toggle_thinking(self) -> bool:
         """Fold or open the thinking; False if this message has none."""
@@ -100,8 +104,7 @@ class MessageView(Vertical):
         thought = "".join(p.thinking for p in pieces)
         if thought:
             self.thinking += thought
-            self.query_one(".thought", Static).update(Text(self.thinking.lstrip(), style="italic"))
-            self.query_one(Collapsible).display = True
+            self._show_thinking()
         text = "".join(p.text for p in pieces)
         if text and self.thinking and not self.content:  # the answer begins: the thinking folds away
             self.query_one(Collapsible).collapsed = True
@@ -126,9 +129,8 @@ class MessageView(Vertical):
         self.content, self.summary, self.status = content, summary, status
         if thinking:
             self.thinking, self._thinking_figures = thinking, thinking_figures
-            self.query_one(".thought", Static).update(Text(thinking, style="italic"))
-            fold = self.query_one(Collapsible)
-            fold.title, fold.display, fold.collapsed = self._thinking_title(), True, bool(content)
+            self._show_thinking()
+            self.query_one(Collapsible).collapsed = bool(content)
         if content != streamed:  # the stream already shows it all, unless the end was held back
             await self.query_one(Markdown).update(content)
         self.query_one(".summary", Static).update(summary)
