@@ -22,12 +22,12 @@ import pytest
 import tiny_gguf
 from commands import REPO
 from greedy import compare
-from pooled import chi_square
+from pooled import exact_joint, sampled_against
 
 from specchat.decoding.engine import Engine, GenerationConfig, final
 from specchat.decoding.guessers import AutoGuesser, DraftGuesser, Guesser, MtpGuesser, NoGuesser, build
 from specchat.decoding.policy import CostCurve
-from specchat.decoding.sampling import SamplingConfig, logits_to_probs
+from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
 from specchat.llama.session import Memory, Session
@@ -180,38 +180,6 @@ def test_the_greedy_check_catches_a_restore_from_another_checkpoints_state(targe
 
 
 # --- sampling at T=1 is exactly the target's ------------------------------------------------------------
-
-
-def exact_joint(path: Path, prompt: list[int], depth: int) -> dict[tuple[int, ...], float]:
-    """The target's probability of every answer of `depth` tokens at T=1 (shorter where one ends), each
-    conditional from a fresh model's decode of prompt and prefix: no checkpoint, no rewind, none of the
-    machinery the sampled answers go through."""
-    fresh = model(path, n_ctx=256)
-    try:
-        def probs(prefix: tuple[int, ...]) -> np.ndarray:
-            fresh.session.clear()
-            return logits_to_probs(np.array(fresh.session.decode(prompt + list(prefix), "last")[0]), SamplingConfig(1.0))
-
-        joint: dict[tuple[int, ...], float] = {}
-        frontier = {(): 1.0}
-        for level in range(depth):
-            grown = {}
-            for prefix, mass in frontier.items():
-                for t, pt in enumerate(probs(prefix)):
-                    (joint if fresh.is_eog(t) or level == depth - 1 else grown)[prefix + (t,)] = mass * pt
-            frontier = grown
-        return joint
-    finally:
-        fresh.close()
-
-
-def sampled_against(joint: dict[tuple[int, ...], float], answers: list[tuple[int, ...]]) -> float:
-    """chi_square of the answers' counts against the exact joint."""
-    cells = {answer: i for i, answer in enumerate(joint)}
-    counts = np.zeros(len(cells))
-    for answer in answers:
-        counts[cells[answer]] += 1
-    return chi_square(counts, np.array(list(joint.values())))
 
 
 @pytest.mark.parametrize("arch", ["qwen35-small", "mamba2-small", "gemma4-small"])

@@ -1,0 +1,134 @@
+"""Exactness with the power to see a small error: at T=1 (top-k 3), the first three tokens of as many
+answers as a chi-square needs to see any sampler 0.03 (total variation) away from the target, per
+guesser, against the target's exact joint; and a sampler that far away, planted, rejected.
+
+The models are generated llama GGUFs (tests/tiny_gguf.py, random weights, 40 tokens) run by llama.cpp
+through the same session, rewinds and verification as any other model; they decode in well under a
+millisecond, so the 13,000 answers per guesser that the power computation asks for take seconds. The
+same count on SmolLM2 (tests/decoding/test_engine.py) would take about 15 minutes per guesser here;
+its 500 answers judge a trained model's logits, and see an error of about 0.14.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiny_gguf
+from pooled import answers_for, exact_joint, sampled_against, total_variation
+from tempered import Tempered
+
+import specchat.decoding.engine as engine_module
+import specchat.decoding.verify as verify_module
+from specchat.decoding.engine import Engine, GenerationConfig, final
+from specchat.decoding.guessers import AutoGuesser, DraftGuesser, Guesser, LookupGuesser
+from specchat.decoding.policy import CostCurve
+from specchat.decoding.sampling import SamplingConfig, logits_to_probs
+from specchat.llama.model import Model
+
+TV = 0.03  # the smallest error the test must see
+ALPHA = 1e-3  # the p-value below which it fails
+SAMPLING = SamplingConfig(1.0, top_k=3)  # 27 answers of three tokens, all likely enough to be judged
+# On this target, lookup's two copied tokens hold about 0.76 and then 0.52 of the time (the second
+# is the bonus token's chance to come after), so its acceptances, rejections and bonuses are all common.
+TEXT = "milmilmilmilmi"
+# A GPU's shape, on which auto guesses on every step.
+FLAT = CostCurve([0.010 + 0.0002 * n for n in range(16)], draft_s=0.001)
+PLANTED_T = 1.08  # the target's probabilities at this temperature: 0.031 away on this model
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    return tiny_gguf.write("llama", tmp_path_factory.mktemp("powered") / "llama-40.gguf", vocab=40, seed=1)
+
+
+@pytest.fixture(scope="module")
+def models(target):
+    """The target and, for the draft, a second copy of it seen sharper (logits doubled)."""
+    loaded = Model(target, n_ctx=256, n_threads=1), Model(target, n_ctx=256, n_threads=1)
+    yield loaded
+    for m in loaded:
+        m.close()
+
+
+def prompt_of(model: Model) -> list[int]:
+    return [1, *model.tokenize(TEXT, add_bos=False)]
+
+
+def guesser(name: str, draft: Model) -> Guesser:
+    sharper = DraftGuesser(Tempered(draft, 0.5))
+    return {"draft": sharper, "lookup": LookupGuesser(),
+            "auto": AutoGuesser(FLAT.copy(), {"draft": sharper})}[name]
+
+
+def sample(model: Model, guesser: Guesser, n: int) -> tuple[list[tuple[int, ...]], int, int, int]:
+    """n answers of three tokens, two guesses a step (so the bonus token is the third whenever both
+    hold), with the rejections, acceptances and bonus tokens they took."""
+    answers, rejected, accepted, bonus = [], 0, 0, 0
+    for seed in range(n):
+        config = GenerationConfig(replace(SAMPLING, seed=seed), max_tokens=3, draft_length=2)
+        done = final(Engine(model, guesser).generate(prompt_of(model), config))
+        answers.append(done.token_ids)
+        rejected, accepted = rejected + done.stats.rejections, accepted + done.stats.accepted
+        bonus += done.stats.steps == 1 and len(done.token_ids) == 3
+    return answers, rejected, accepted, bonus
+
+
+@pytest.fixture(scope="module")
+def joint(target, models) -> dict[tuple[int, ...], float]:
+    return exact_joint(target, prompt_of(models[0]), 3, SAMPLING)
+
+
+def test_the_answer_count_sees_the_hardest_error_of_that_size(joint):
+    """The count from the power computation, checked by simulation: a joint moved 0.03 the hardest way
+    (half the mass shifted in proportion to p) is rejected in at least 85 of 100 simulated runs, while
+    the exact joint is rejected about ALPHA of the time; with a quarter of the count, far less often."""
+    p = np.array(list(joint.values()))
+    order = np.argsort(p)
+    low = np.zeros(len(p), dtype=bool)
+    low[order[np.cumsum(p[order]) <= 0.5]] = True  # one half of the mass (about), the other moves against it
+    moved = np.where(low, p * (1 + TV / p[low].sum()), p * (1 - TV / p[~low].sum()))
+    assert abs(0.5 * np.abs(moved - p).sum() - TV) < 1e-9
+    n = answers_for(TV, len(joint), ALPHA)
+    rng = np.random.default_rng(0)
+    keys = list(joint)
+
+    def rejected(q: np.ndarray, count: int) -> int:
+        runs = [rng.multinomial(count, q / q.sum()) for _ in range(100)]
+        return sum(sampled_against(joint, [k for k, c in zip(keys, r) for _ in range(c)]) < ALPHA for r in runs)
+
+    assert rejected(moved, n) >= 85
+    assert rejected(p, n) <= 2
+    assert rejected(moved, n // 4) <= 40
+
+
+@pytest.mark.parametrize("name", ["draft", "lookup", "auto"])
+def test_the_first_three_tokens_are_the_targets_to_within_what_a_bug_of_tv_003_would_show(models, joint, name):
+    target, draft = models
+    n = answers_for(TV, len(joint), ALPHA)
+    assert len(joint) == 27 and n > 13_000
+    answers, rejected, accepted, bonus = sample(target, guesser(name, draft), n)
+    # Every path of the rule taken often: the residual, a kept guess, and the bonus token among the judged.
+    assert rejected > n / 10 and accepted > n / 2 and bonus > n / 10, (rejected, accepted, bonus)
+    p = sampled_against(joint, answers)
+    assert p > ALPHA, f"{name}: the first three tokens of {n} answers are not the target's (p = {p:.2g})"
+
+
+@pytest.mark.parametrize("plant", ["target at T=1.08", "residual from p"])
+def test_the_same_count_rejects_a_planted_error(models, joint, target, monkeypatch, plant):
+    """The controls: the verification given the target's probabilities at T=1.08 instead of 1 (its
+    answers then follow that joint exactly, 0.031 away: at the threshold), and each correction drawn
+    from p instead of the residual max(p - q, 0)."""
+    if plant == "target at T=1.08":
+        planted = exact_joint(target, prompt_of(models[0]), 3, replace(SAMPLING, temperature=PLANTED_T))
+        assert TV <= total_variation(planted, joint) < TV + 0.005
+        monkeypatch.setattr(engine_module, "logits_to_probs",
+                            lambda logits, cfg: logits_to_probs(logits, replace(cfg, temperature=PLANTED_T)))
+    else:
+        monkeypatch.setattr(verify_module, "_residual", lambda p, q, x: p)
+    n = answers_for(TV, len(joint), ALPHA)
+    answers, *_ = sample(models[0], guesser("draft", models[1]), n)
+    p = sampled_against(joint, answers)
+    assert p < ALPHA, f"{plant} passed (p = {p:.2g})"
