@@ -409,7 +409,8 @@ def _cycle_head(w: _Weights, il: int) -> None:
     successor(j) as the answer; when they differ, the sink unit (from the constant dimension) outgrows
     both halves and the head answers the sink, which the target never gives. So a head fed the hidden
     state of the wrong position, or the wrong token, drafts nothing the target keeps. Its attention
-    output is zero: the head's own cache holds the rows a real one reads, and adds nothing."""
+    output is zero: the head's own cache holds the rows a real one reads, and adds nothing
+    (tests/llama/test_hybrid.py compares that cache with the one a plain decode leaves instead)."""
     v, sink = w.n_vocab, w.n_vocab - 1
     tokens = np.arange(v)
     nexts = np.array([successor(j, v) for j in tokens])

@@ -9,6 +9,8 @@ another process spins llama.cpp's threads on these cores (they would only be slo
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import subprocess
 import sys
 import warnings
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 import cycle
+import llama_cpp
 import numpy as np
 import plants
 import pytest
@@ -234,6 +237,50 @@ def test_a_head_that_agrees_with_its_trunk_is_kept_and_each_planted_misalignment
                 assert "MTP head" in str(e), plant
                 continue
         assert drafted > 50 and kept <= 0.05 * drafted, (plant, drafted, kept)
+
+
+def head_cache(pair) -> bytes:
+    """The MTP head's own attention cache, as llama.cpp saves it."""
+    ctx = pair.mtp._ctx
+    size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+    buffer = (ctypes.c_uint8 * size)()
+    return bytes(buffer[:llama_cpp.llama_state_seq_get_data(ctx, buffer, size, 0)])
+
+
+def test_the_heads_cache_after_rejections_is_what_a_plain_decode_leaves(tmp_path):
+    """The constructed head's attention adds nothing, so no drafting check sees its cache: it is compared
+    directly. After a sampled MTP run with rejections (every rewind of the target rewinds the head), the
+    head's cache holds byte for byte what a plain decode of the same tokens, one at a time, leaves in it;
+    the same tokens in one batch, measured apart, leave the same bytes (no batch noise here), so nothing
+    less than equality is excused. Planted: catch-up rows paired with the hidden state one position too
+    early. The run then drafts and keeps the same tokens, and only this comparison sees it."""
+    target, draft = cycle.write_pair(tmp_path, cycle=SOFT, vocab=8)
+    with cycle.loaded(target, draft) as pair:
+        session = pair.target.session
+
+        def run(plant: bool) -> tuple[tuple[int, int, int], list[int], bytes]:
+            session.clear()
+            config = GenerationConfig(SamplingConfig(1.0, seed=3), max_tokens=40, draft_length=3)
+            with cycle.CACHE_PLANT() if plant else contextlib.nullcontext():
+                done = final(Engine(pair.target, build("mtp", pair.inputs())).generate(
+                    pair.target.tokenize(" et\n et", add_bos=False), config))
+            return (done.stats.drafted, done.stats.accepted, done.stats.rejections), list(session.tokens), \
+                head_cache(pair)
+
+        def plain(tokens: list[int], batch: int) -> bytes:
+            session.clear()
+            for i in range(0, len(tokens), batch):
+                session.decode(tokens[i:i + batch], "last")
+            return head_cache(pair)
+
+        stats, tokens, speculated = run(plant=False)
+        assert stats[2] >= 5 and stats[1] >= 10, stats
+        reference = plain(tokens, 1)
+        assert plain(tokens, len(tokens)) == reference, "one batch and one at a time differ on this machine"
+        assert speculated == reference
+        planted_stats, planted_tokens, planted = run(plant=True)
+        assert (planted_stats, planted_tokens) == (stats, tokens)
+        assert planted != reference
 
 
 SOFT = 3.0  # the successor's logit lead in the sampled test: p(successor) about 0.7 of 8 tokens
