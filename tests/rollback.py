@@ -51,12 +51,23 @@ def fresh_logits(fresh: Model, *batches: list[int]) -> np.ndarray:
     return probe(fresh.session)
 
 
-def split_noise(fresh: Model, tokens: list[int], cut: int) -> float:
-    """How far the probe's logits move when the same tokens are decoded in other batches: (cut, rest)
-    against one batch and against one token at a time. Measured apart from the runs judged."""
-    reference = fresh_logits(fresh, tokens[:cut], tokens[cut:])
-    return max(float(np.abs(fresh_logits(fresh, tokens) - reference).max()),
-               float(np.abs(fresh_logits(fresh, *([t] for t in tokens)) - reference).max()))
+def batch_noise(fresh: Model, *batches: list[int], schedules: int = 16) -> float:
+    """How far the probe's logits move when the tokens of `batches` are decoded in other batches: all in
+    one, one at a time, and in random batches of 1 to 16 (as prefills and verifications come), each
+    against these batches. Measured apart from the runs judged, on a fresh model; seeded by the tokens,
+    so that the same tokens are always measured the same way."""
+    tokens = [t for batch in batches for t in batch]
+    rng = np.random.default_rng(tokens)
+    reference = fresh_logits(fresh, *batches)
+
+    def random_batches() -> list[list[int]]:
+        cuts = [0]
+        while cuts[-1] < len(tokens):
+            cuts.append(min(len(tokens), cuts[-1] + int(rng.integers(1, 17))))
+        return [tokens[a:b] for a, b in zip(cuts, cuts[1:])]
+
+    others = [[tokens], [[t] for t in tokens], *(random_batches() for _ in range(schedules))]
+    return max(float(np.abs(fresh_logits(fresh, *other) - reference).max()) for other in others)
 
 
 @dataclass(frozen=True)
@@ -112,7 +123,7 @@ def judge_one(model: Model, fresh: Model, case: Rewind, a1: list[int], a2: list[
         wrong.append(f"{case}: (restores, replayed) {way}, expected {'none' if native else 'one restore'}")
     kept = guess[:case.length - case.drop]
     got = probe(session)
-    noise = split_noise(fresh, a1 + a2 + kept, len(a1) + len(a2))
+    noise = batch_noise(fresh, a1 + a2, kept)
     diff = float(np.abs(got - fresh_logits(fresh, a1 + a2, kept)).max())
     if figures is not None:
         figures.append((case, diff, noise))
