@@ -25,11 +25,12 @@ MEASURING = "measuring this machine's decode costs (first run only)"
 
 def open_local(choice: ModelChoice, progress: Progress | None = None, store: Store | None = None, *,
                guesser: str | None = None, warn: Callable[[str], None] = lambda line: None,
-               fresh_costs: bool = False) -> ChatService:
+               fresh_costs: bool = False, chat: bool = False) -> ChatService:
     """Load the pair (fetching what is missing); read the store's conversations for the history guesser
-    (where a store is given); refuse at once, in one line, a `guesser` it cannot run; say what was left out
-    (`warn`, a line each); and measure this machine's cost curve for it (cached per machine; `fresh_costs`:
-    measured again now, as a benchmark wants). The models are freed if any step fails."""
+    (where a store is given); refuse at once, in one line, a `guesser` it cannot run, and (`chat`) a target
+    with no chat template; say what was left out (`warn`, a line each); and measure this machine's cost
+    curve for it (cached per machine; `fresh_costs`: measured again now, as a benchmark wants). The models
+    are freed if any step fails."""
     say = progress or (lambda what, done, total: None)
     pair = load_pair(choice, progress)
     try:
@@ -39,6 +40,8 @@ def open_local(choice: ModelChoice, progress: Progress | None = None, store: Sto
             service.history = History.of(store, pair.target)
         if guesser is not None:
             service.require(guesser)
+        if chat:
+            service.prompter  # a base model is refused here, not after a first run's measurement
         for warning in pair.warnings:
             warn(warning)
         measured = False  # said only when it takes time: a cached curve is read at once
