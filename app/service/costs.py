@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -125,7 +126,7 @@ class PairCosts:
                             "rollback": asdict(c.curve.rollback) if c.curve.rollback else None,
                             "trusted": c.trusted, "problem": c.problem, "contention": c.contention,
                             "spread": c.spread, "measured_at": c.measured_at},
-            "learned": self.learned.to_json(), "learned_at": time.time()})
+            "learned": self.learned.to_json(), "learned_at": time.time()}, keep=_files_remain)
 
     def provenance(self) -> list[str]:
         """Where each figure comes from, for `specchat costs`."""
@@ -153,6 +154,12 @@ def _calibration(data: dict | None) -> Calibration | None:
                       rollback=Rollback(**rollback) if rollback else None)
     return Calibration(curve, bool(data.get("trusted")), str(data.get("problem", "")), data.get("contention"),
                        float(data.get("spread", 1.0)), float(data.get("measured_at", 0.0)))
+
+
+def _files_remain(key: str) -> bool:
+    """Whether every model file a cache key names is still there: a curve for a file deleted or moved
+    (a model removed, a test's temporary one) is never read again, and would stay in the cache forever."""
+    return all(Path(part).exists() for part in key.split("|") if os.path.isabs(part))
 
 
 class Turns:

@@ -5,6 +5,7 @@ two processes take turns."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from specchat.decoding.policy import CostCurve
 from specchat.decoding.sampling import SamplingConfig
 from specchat.decoding.timing import StepTimes, low, non_decreasing
 from specchat.service.costs import PairCosts, Turns
-from specchat.store.files import cache_file
+from specchat.store.files import cache_file, read_cache
 
 # This machine kind's quiet curve for the default target (ms): 1, 2, ... positions.
 QUIET = [0.0282, 0.0444, 0.0584, 0.0761, 0.0909, 0.1, 0.112, 0.1242, 0.1346, 0.14, 0.142, 0.144, 0.145, 0.146,
@@ -254,7 +255,6 @@ def test_a_measurement_under_load_is_repaired_or_not_cached(smol_path, monkeypat
 
     from specchat.decoding.calibrate import measure_curve
     from specchat.llama.model import Model
-    from specchat.store.files import read_cache
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     model = Model(smol_path, n_ctx=512)
@@ -280,3 +280,19 @@ def test_a_measurement_under_load_is_repaired_or_not_cached(smol_path, monkeypat
             assert all(c / q < 1.5 and q / c < 1.5 for c, q in zip(curve, quiet.verify_s)), (curve, quiet.verify_s)
     finally:
         model.close()
+
+
+def test_saving_a_curve_drops_those_of_model_files_that_are_gone(monkeypatch, tmp_path):
+    """A curve is keyed by its model files' paths: once a file is deleted or moved (a model removed, a test's
+    temporary one), its curve is never read again, and saving another drops it instead of keeping it for ever."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    here, gone = tmp_path / "here.gguf", tmp_path / "gone.gguf"
+    here.write_bytes(b"GGUF")
+    stale = {f"v2|{gone}|4|cpu|2||", f"v2|{here}|4|cpu|2|{gone}|4|cpu|2|"}
+    kept = {f"v2|{here}|4|cpu|2||", "v2|scripted:other|||"}
+    cache_file("costs.json").parent.mkdir(parents=True)
+    cache_file("costs.json").write_text(json.dumps(dict.fromkeys(stale | kept, {})))
+    costs = costs_for()
+    costs.assume(CostCurve(QUIET, 0.05))
+    costs.save()
+    assert set(read_cache(cache_file("costs.json"))) == kept | {costs.key}
