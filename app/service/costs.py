@@ -121,12 +121,14 @@ class PairCosts:
         c = self.calibration
         if c is None or not c.trusted:
             return
-        update_cache(cache_file(COSTS), self.key, {
+        path = cache_file(COSTS)
+        update_cache(path, self.key, {
             "calibration": {"verify_s": c.curve.verify_s, "draft_s": c.curve.draft_s, "mtp_s": c.curve.mtp_s,
                             "rollback": asdict(c.curve.rollback) if c.curve.rollback else None,
                             "trusted": c.trusted, "problem": c.problem, "contention": c.contention,
                             "spread": c.spread, "measured_at": c.measured_at},
-            "learned": self.learned.to_json(), "learned_at": time.time()}, keep=_files_remain)
+            "learned": self.learned.to_json(), "learned_at": time.time()},
+            drop={key for key in read_cache(path) if not _files_remain(key)})
 
     def provenance(self) -> list[str]:
         """Where each figure comes from, for `specchat costs`."""

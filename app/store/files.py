@@ -8,7 +8,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Collection
 
 import platformdirs
 
@@ -80,9 +80,9 @@ def read_cache(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def update_cache(path: Path, key: str, value: Any, keep: Callable[[str], bool] = lambda key: True) -> None:
-    """Set one entry of a JSON cache, dropping the other entries `keep` rejects."""
-    cache = {k: v for k, v in read_cache(path).items() if keep(k)}
+def update_cache(path: Path, key: str, value: Any, drop: Collection[str] = ()) -> None:
+    """Set one entry of a JSON cache, and remove those of `drop`."""
+    cache = {k: v for k, v in read_cache(path).items() if k not in drop}
     cache[key] = value
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(cache, indent=1))
