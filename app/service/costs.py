@@ -18,7 +18,6 @@ import os
 import threading
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -121,14 +120,12 @@ class PairCosts:
         c = self.calibration
         if c is None or not c.trusted:
             return
-        path = cache_file(COSTS)
-        update_cache(path, self.key, {
+        update_cache(cache_file(COSTS), self.key, {
             "calibration": {"verify_s": c.curve.verify_s, "draft_s": c.curve.draft_s, "mtp_s": c.curve.mtp_s,
                             "rollback": asdict(c.curve.rollback) if c.curve.rollback else None,
                             "trusted": c.trusted, "problem": c.problem, "contention": c.contention,
                             "spread": c.spread, "measured_at": c.measured_at},
-            "learned": self.learned.to_json(), "learned_at": time.time()},
-            drop={key for key in read_cache(path) if not _files_remain(key)})
+            "learned": self.learned.to_json(), "learned_at": time.time()})
 
     def provenance(self) -> list[str]:
         """Where each figure comes from, for `specchat costs`."""
@@ -156,12 +153,6 @@ def _calibration(data: dict | None) -> Calibration | None:
                       rollback=Rollback(**rollback) if rollback else None)
     return Calibration(curve, bool(data.get("trusted")), str(data.get("problem", "")), data.get("contention"),
                        float(data.get("spread", 1.0)), float(data.get("measured_at", 0.0)))
-
-
-def _files_remain(key: str) -> bool:
-    """Whether every model file a cache key names is still there: a curve for a file deleted or moved
-    (a model removed, a test's temporary one) is never read again, and would stay in the cache forever."""
-    return all(Path(part).exists() for part in key.split("|") if os.path.isabs(part))
 
 
 class Turns:

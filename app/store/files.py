@@ -8,7 +8,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any
 
 import platformdirs
 
@@ -80,9 +80,16 @@ def read_cache(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def update_cache(path: Path, key: str, value: Any, drop: Collection[str] = ()) -> None:
-    """Set one entry of a JSON cache, and remove those of `drop`."""
-    cache = {k: v for k, v in read_cache(path).items() if k not in drop}
+def update_cache(path: Path, key: str, value: Any) -> None:
+    """Set one entry of a JSON cache keyed by the files it describes, dropping the entries whose files are
+    gone: a key that names a file deleted or moved (a model removed, a test's temporary one) is never read
+    again, and would stay in the cache for ever."""
+    cache = {k: v for k, v in read_cache(path).items() if _files_remain(k)}
     cache[key] = value
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(cache, indent=1))
+
+
+def _files_remain(key: str) -> bool:
+    """Whether every file a cache key names (its parts that are absolute paths) is still there."""
+    return all(Path(part).exists() for part in key.split("|") if os.path.isabs(part))
