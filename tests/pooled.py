@@ -1,14 +1,18 @@
-"""The chi-square test the exactness tests share, how many answers it needs to see a given error, and
-the exact joint distribution of a llama.cpp model's first tokens to judge sampled answers against."""
+"""The chi-square test the exactness tests share, how many answers it needs to see a given error, the
+exact joint distribution of a llama.cpp model's first tokens to judge sampled answers against, and the
+sampled answers themselves."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import chi2, chisquare, ncx2
 
+from specchat.decoding.engine import Engine, GenerationConfig, final
+from specchat.decoding.guessers import Guesser
 from specchat.decoding.sampling import SamplingConfig, logits_to_probs
 from specchat.llama.model import Model
 
@@ -88,3 +92,27 @@ def sampled_against(joint: dict[tuple[int, ...], float], answers: list[tuple[int
     for answer in answers:
         counts[cells[answer]] += 1
     return chi_square(counts, np.array(list(joint.values())))
+
+
+@dataclass
+class Sampled:
+    """Answers sampled with a guesser, and which branches of the rule they took."""
+
+    answers: list[tuple[int, ...]] = field(default_factory=list)
+    rejected: int = 0
+    accepted: int = 0
+    bonus: int = 0  # answers made whole in one step: every guess kept, then the target's own token
+
+
+def sample_answers(model: Model, guesser: Guesser, prompt: list[int], n: int, sampling: SamplingConfig,
+                   max_tokens: int, draft_length: int) -> Sampled:
+    """n answers of at most max_tokens tokens, the i-th under seed i."""
+    out = Sampled()
+    for seed in range(n):
+        config = GenerationConfig(replace(sampling, seed=seed), max_tokens=max_tokens, draft_length=draft_length)
+        done = final(Engine(model, guesser).generate(prompt, config))
+        out.answers.append(done.token_ids)
+        out.rejected += done.stats.rejections
+        out.accepted += done.stats.accepted
+        out.bonus += done.stats.steps == 1 and len(done.token_ids) == max_tokens
+    return out

@@ -17,12 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiny_gguf
-from pooled import answers_for, exact_joint, sampled_against, total_variation
+from pooled import Sampled, answers_for, exact_joint, sample_answers, sampled_against, total_variation
 from tempered import Tempered
 
 import specchat.decoding.engine as engine_module
 import specchat.decoding.verify as verify_module
-from specchat.decoding.engine import Engine, GenerationConfig, final
 from specchat.decoding.guessers import AutoGuesser, DraftGuesser, Guesser, LookupGuesser
 from specchat.decoding.policy import CostCurve
 from specchat.decoding.sampling import SamplingConfig, logits_to_probs
@@ -63,17 +62,10 @@ def guesser(name: str, draft: Model) -> Guesser:
             "auto": AutoGuesser(FLAT.copy(), {"draft": sharper})}[name]
 
 
-def sample(model: Model, guesser: Guesser, n: int) -> tuple[list[tuple[int, ...]], int, int, int]:
+def sample(model: Model, guesser: Guesser, n: int) -> Sampled:
     """n answers of three tokens, two guesses a step (so the bonus token is the third whenever both
-    hold), with the rejections, acceptances and bonus tokens they took."""
-    answers, rejected, accepted, bonus = [], 0, 0, 0
-    for seed in range(n):
-        config = GenerationConfig(replace(SAMPLING, seed=seed), max_tokens=3, draft_length=2)
-        done = final(Engine(model, guesser).generate(prompt_of(model), config))
-        answers.append(done.token_ids)
-        rejected, accepted = rejected + done.stats.rejections, accepted + done.stats.accepted
-        bonus += done.stats.steps == 1 and len(done.token_ids) == 3
-    return answers, rejected, accepted, bonus
+    hold)."""
+    return sample_answers(model, guesser, prompt_of(model), n, SAMPLING, max_tokens=3, draft_length=2)
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +101,10 @@ def test_the_first_three_tokens_are_the_targets_to_within_what_a_bug_of_tv_003_w
     target, draft = models
     n = answers_for(TV, len(joint), ALPHA)
     assert len(joint) == 27 and n > 13_000
-    answers, rejected, accepted, bonus = sample(target, guesser(name, draft), n)
+    got = sample(target, guesser(name, draft), n)
     # Every path of the rule taken often: the residual, a kept guess, and the bonus token among the judged.
-    assert rejected > n / 10 and accepted > n / 2 and bonus > n / 10, (rejected, accepted, bonus)
-    p = sampled_against(joint, answers)
+    assert got.rejected > n / 10 and got.accepted > n / 2 and got.bonus > n / 10, got
+    p = sampled_against(joint, got.answers)
     assert p > ALPHA, f"{name}: the first three tokens of {n} answers are not the target's (p = {p:.2g})"
 
 
@@ -129,6 +121,5 @@ def test_the_same_count_rejects_a_planted_error(models, joint, target, monkeypat
     else:
         monkeypatch.setattr(verify_module, "_residual", lambda p, q, x: p)
     n = answers_for(TV, len(joint), ALPHA)
-    answers, *_ = sample(models[0], guesser("draft", models[1]), n)
-    p = sampled_against(joint, answers)
+    p = sampled_against(joint, sample(models[0], guesser("draft", models[1]), n).answers)
     assert p < ALPHA, f"{plant} passed (p = {p:.2g})"

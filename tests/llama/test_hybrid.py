@@ -25,7 +25,7 @@ import pytest
 import tiny_gguf
 from commands import REPO
 from greedy import compare
-from pooled import exact_joint, sampled_against
+from pooled import exact_joint, sample_answers, sampled_against
 
 from specchat.decoding.engine import Engine, GenerationConfig, final
 from specchat.decoding.guessers import AutoGuesser, DraftGuesser, Guesser, MtpGuesser, NoGuesser, build
@@ -201,14 +201,10 @@ def test_sampled_first_tokens_follow_the_targets_distribution(files, arch):
         joint = exact_joint(files[arch], prompt, 2)
         names = ["lookup"] + (["draft"] if pair.draft is not None else []) + (["mtp"] if pair.mtp is not None else [])
         for name in names:
-            answers, guesser, rejected = [], build(name, pair.inputs()), 0
-            for seed in range(2000):
-                config = GenerationConfig(SamplingConfig(1.0, seed=seed), max_tokens=2, draft_length=2)
-                done = final(Engine(target, guesser).generate(prompt, config))
-                answers.append(done.token_ids)
-                rejected += done.stats.rejections
-            assert rejected > 200, f"{name}: the residual was seldom sampled ({rejected})"
-            assert sampled_against(joint, answers) > 1e-3, f"{name} on {arch}"
+            got = sample_answers(target, build(name, pair.inputs()), prompt, 2000, SamplingConfig(1.0),
+                                 max_tokens=2, draft_length=2)
+            assert got.rejected > 200, f"{name}: the residual was seldom sampled ({got.rejected})"
+            assert sampled_against(joint, got.answers) > 1e-3, f"{name} on {arch}"
     finally:
         pair.close()
 
@@ -300,16 +296,10 @@ def test_mtp_drafts_of_two_tokens_leave_the_first_three_tokens_exactly_the_targe
     with cycle.loaded(target, draft) as pair:
         prompt = pair.target.tokenize(" et\n et", add_bos=False)
         joint = exact_joint(target, prompt, 3)
-        answers, rejections, bonus = [], 0, 0
-        guesser = build("mtp", pair.inputs())
-        for seed in range(3000):
-            config = GenerationConfig(SamplingConfig(1.0, seed=seed), max_tokens=3, draft_length=2)
-            done = final(Engine(pair.target, guesser).generate(prompt, config))
-            answers.append(done.token_ids)
-            rejections += done.stats.rejections
-            bonus += done.stats.steps == 1 and len(done.token_ids) == 3
-    assert rejections > 500 and bonus > 500, (rejections, bonus)
-    p = sampled_against(joint, answers)
+        got = sample_answers(pair.target, build("mtp", pair.inputs()), prompt, 3000, SamplingConfig(1.0),
+                             max_tokens=3, draft_length=2)
+    assert got.rejected > 500 and got.bonus > 500, (got.rejected, got.bonus)
+    p = sampled_against(joint, got.answers)
     if plant:
         assert p < 1e-6, f"the planted residual-from-p passed (p = {p:.2g})"
     else:
