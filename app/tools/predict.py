@@ -26,6 +26,10 @@ SIGNALS = {
     "recent": "the mean of that over the last four positions",
     "run": "how many copies in a row held just before (log)",
     "copied": "the share of the answer so far that copies held for",
+    "agree": "the share of the earlier places that match as long whose next token is the copied one",
+    "places": "how many earlier places match as long (log)",
+    "prompt": "whether the copy is from the prompt, not the answer so far",
+    "distance": "how far back the copy is (log tokens)",
     "draft": "whether the draft model's greedy guess is the copied token (greedy answers only)",
 }
 
@@ -59,8 +63,14 @@ def position_signals(answer: Answer, cap: int = 32) -> tuple[dict[str, np.ndarra
             run = 0
             continue
         best = len(ends) - 1 - int(lengths[::-1].argmax())
-        guess = seq[int(ends[best])]
+        end = int(ends[best])
+        guess = seq[end]
         bucket[at], held[at] = match_bucket(int(lengths[best])), guess == seq[i]
+        longest = ends[lengths == lengths[best]]
+        rows["agree"][at] = np.mean([seq[e] == guess for e in longest])
+        rows["places"][at] = np.log(len(longest))
+        rows["prompt"][at] = float(end < start)
+        rows["distance"][at] = np.log(i - end)
         rows["draft"][at] = float(bool(answer.draft_guess) and answer.draft_guess[at] == guess)
         run, hits = (run + 1, hits + 1) if held[at] else (0, hits)
     return rows, bucket, held
@@ -136,13 +146,45 @@ class Predicted(BaseGuesser):
         if k <= 0 or self.bucket[at] < 0:
             return Proposal.empty()
         tokens, m = lookup_match(context, k, 32)
-        x = np.zeros((len(tokens), len(MATCH_BUCKETS) + 1 + len(self.signals)))
+        n, _ = best_length(self.alphas(at, tokens, m, self.weights, self.signals), self.curve, 0.0)
+        return Proposal(tokens[:n], None, "lookup")
+
+    def alphas(self, at: int, tokens: list[int], m: int, weights: np.ndarray, signals: Sequence[str]) -> np.ndarray:
+        """The model's acceptance of each copied token, the j-th after an (m + j)-token match."""
+        x = np.zeros((len(tokens), len(MATCH_BUCKETS) + 1 + len(signals)))
+        drafted = self.answer.draft_guess
         for j, token in enumerate(tokens):
             x[j, match_bucket(m + j)] = 1.0
-            for c, s in enumerate(self.signals, len(MATCH_BUCKETS) + 1):
-                drafted = self.answer.draft_guess
+            for c, s in enumerate(signals, len(MATCH_BUCKETS) + 1):
                 x[j, c] = float(at + j < len(drafted) and drafted[at + j] == token) if s == "draft" else self.rows[s][at]
-        n, _ = best_length(_sigmoid(x @ self.weights), self.curve, 0.0)
+        return _sigmoid(x @ weights)
+
+
+class Checked(Predicted):
+    """The draft's agreement at its price: where the match length alone gives the first copied token at least
+    `gate`, the draft model reads up to `span` tokens of the copy in one batch before the step, and the model
+    with the draft's agreement decides how many to send; elsewhere the match length alone decides. A check is
+    charged as that many draft tokens on the target curve's shape (draft_s * verify(n) / verify(1)), and
+    nothing for keeping the draft's cache in step with the tokens it did not read, which favours it."""
+
+    def __init__(self, answer: Answer, weights: np.ndarray, plain_weights: np.ndarray, curve: CostCurve,
+                 gate: float, span: int = 8) -> None:
+        super().__init__(answer, weights, ["draft"], curve)
+        self.plain_weights, self.gate, self.span = plain_weights, gate, span
+        self.check_s = 0.0  # what the checks cost, for the caller to add to the replay's seconds
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        at = len(context) - self.start
+        if k <= 0 or self.bucket[at] < 0:
+            return Proposal.empty()
+        tokens, m = lookup_match(context, k, 32)
+        alphas = self.alphas(at, tokens, m, self.plain_weights, [])
+        if alphas[0] >= self.gate:
+            tokens = tokens[:self.span]
+            self.check_s += self.curve.draft_s * float(self.curve.verify(len(tokens)) / self.curve.verify(1))
+            alphas = self.alphas(at, tokens, m, self.weights, self.signals)
+        n, _ = best_length(alphas, self.curve, 0.0)
         return Proposal(tokens[:n], None, "lookup")
 
 

@@ -98,6 +98,12 @@ def test_the_signals_at_a_position_know_nothing_of_it_or_after():
         np.log(0.85 / 0.15))
     assert rows["run"].tolist() == pytest.approx([0, 0, np.log(2), 0]) and rows["copied"][3] == pytest.approx(1 / 3)
     assert rows["draft"].tolist() == [0, 1, 1, 0]  # the draft guesses what the copy does, right (6) or not (7)
+    # Both copies come from the prompt's one "5 6 7", 3 tokens back; at 8 nothing earlier matches.
+    assert rows["agree"].tolist() == [0, 1, 1, 0] and rows["places"].tolist() == [0, 0, 0, 0]
+    assert rows["prompt"].tolist() == [0, 1, 1, 0] and rows["distance"].tolist() == pytest.approx([0, np.log(3), np.log(3), 0])
+    # Two earlier places after "1": one goes on with 2, the other with 3; the latest (3) is copied.
+    rows = position_signals(Answer("edit", "fit", 0.0, (1, 2, 1, 3), (1, 4), (0, 0), (0.5,) * 2, (0.9, 0.8)))[0]
+    assert rows["agree"][1] == 0.5 and rows["places"][1] == pytest.approx(np.log(2)) and rows["prompt"][1] == 1
 
 
 def test_the_logistic_fit_recovers_the_weights_that_made_the_data():
@@ -107,3 +113,24 @@ def test_the_logistic_fit_recovers_the_weights_that_made_the_data():
     x = np.column_stack([np.ones(20_000), rng.normal(size=20_000)])
     y = (rng.random(20_000) < 1 / (1 + np.exp(-(x @ np.array([0.5, -2.0]))))).astype(float)
     assert fit_logistic(x, y) == pytest.approx([0.5, -2.0], abs=0.1)
+
+
+def test_the_drafts_check_stops_a_copy_where_the_draft_disagrees_and_is_charged_for():
+    # A one-token edit inside a copied passage: lookup's copy misses at the edit, and the draft (whose
+    # guesses are the answer) says so. Checked by the draft, the copy stops there; its checks cost draft tokens.
+    from specchat.tools.predict import Checked, Predicted
+
+    prompt = tuple(range(10, 40))
+    answer = (*prompt[:10], 99, *prompt[11:])
+    a = Answer("edit", "fit", 0.0, prompt, answer, answer, (0.5,) * len(answer), (0.5,) * len(answer))
+    sure = np.full(8, 5.0)  # the match length alone: every copied token holds
+    with_draft = np.concatenate([np.full(8, -5.0), [10.0]])  # a copied token holds where the draft agrees
+    free, paid = CostCurve(FLAT.verify_s, 0.0), CostCurve(FLAT.verify_s, 0.5)
+    unchecked, _ = replay(a, free, Predicted(a, sure, [], free))
+    checked = Checked(a, with_draft, sure, free, gate=0.0, span=16)
+    assert replay(a, free, checked)[0] < unchecked and checked.check_s == 0.0
+    charged = Checked(a, with_draft, sure, paid, gate=0.0, span=16)
+    assert replay(a, paid, charged)[0] == replay(a, free, Checked(a, with_draft, sure, free, gate=0.0, span=16))[0]
+    assert charged.check_s >= 2 * 0.5  # at least the check at the passage's start and the one after the edit
+    never = Checked(a, with_draft, sure, paid, gate=1.0, span=16)  # no first token is that sure: never checked
+    assert replay(a, paid, never)[0] == unchecked and never.check_s == 0.0
