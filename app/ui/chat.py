@@ -131,6 +131,7 @@ class ChatScreen(Screen[None]):
         self._answer: tuple[MessageView, list[str]] | None = None  # the streaming answer's view, its notices
         self.selected: int | None = None  # the message Alt+Up/Down chose (its place on screen); None: the last
         self.editing: StoredMessage | None = None  # the message the input holds an edit of (sent as a branch)
+        self._draft = ""  # what the input held when the edit began: Esc, or leaving the conversation, puts it back
 
     @property
     def chat_app(self) -> SpecchatApp:
@@ -143,7 +144,7 @@ class ChatScreen(Screen[None]):
     def disabled_reason(self, action: str) -> str | None:
         """Why an action cannot run now, in words for the user; None if it can."""
         if action == "stop":
-            return None if self.busy else "nothing is being generated"
+            return None if self.busy or self.editing is not None else "nothing is being generated"
         if action in self.NOT_WHILE_BUSY and self.busy:
             return "an answer is streaming: Esc stops it"
         if action in self.NEEDS_MODELS and not self.chat_app.ready:
@@ -183,7 +184,8 @@ class ChatScreen(Screen[None]):
 
     def open(self, conversation: ConversationController) -> None:
         if self.conversation is None or conversation.id != self.conversation.id:
-            self.selected = self.editing = None  # they were of the conversation left
+            self.selected = None  # it was of the conversation left, and so was an edit
+            self.cancel_edit()
         self.conversation = conversation
         chat = self.query_one("#chat", VerticalScroll)
         chat.remove_children()
@@ -251,6 +253,8 @@ class ChatScreen(Screen[None]):
         assert self.conversation is not None
         first = not self.conversation.messages()
         editing, self.editing, self.selected = self.editing, None, None
+        if editing is not None:
+            box.text, self._draft = self._draft, ""  # what was being typed when the edit began
         content = self.conversation.add_user(text, self.attachments, instead_of=editing)
         if first:
             self.refresh_conversations()  # its first message named it
@@ -363,7 +367,19 @@ class ChatScreen(Screen[None]):
     # --- actions --------------------------------------------------------------------------
 
     def action_stop(self) -> None:
-        self.cancel.set()
+        if self.busy:
+            self.cancel.set()
+        elif self.editing is not None:
+            self.cancel_edit()
+            self.status("edit cancelled: your message stays as it was")
+
+    def cancel_edit(self) -> None:
+        """Drop the edit in the input, if any, and give the input back what it held before (nothing typed is lost)."""
+        if self.editing is None:
+            return
+        self.editing = None
+        self.query_one("#input", ChatInput).text, self._draft = self._draft, ""
+        self.refresh_bindings()
 
     def _acted_on(self, role: str) -> StoredMessage | None:
         """The selected message if it is of this role, else the last such message on screen."""
@@ -391,11 +407,14 @@ class ChatScreen(Screen[None]):
         message = self._acted_on("user") if self.conversation is not None else None
         if message is None:
             return
-        self.editing = message
         box = self.query_one("#input", ChatInput)
+        if self.editing is None:
+            self._draft = box.text
+        self.editing = message
         box.text = message.content
         box.focus()
-        self.status("editing your message: Enter sends it as a new branch (the original stays: Alt+←/→)")
+        self.refresh_bindings()  # Esc now cancels the edit
+        self.status("editing your message: Enter sends it as a new branch (the original stays: Alt+←/→), Esc cancels")
 
     def action_select(self, step: int) -> None:
         """Move the selection up or down the messages: regenerate, edit and Alt+←/→ act on it."""

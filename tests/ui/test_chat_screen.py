@@ -690,3 +690,31 @@ async def test_an_edit_begun_in_one_conversation_is_not_sent_into_another(tmp_pa
         assert [(m.content, m.branches) for m in app.store.messages(app.conversation_id)] == \
             [("Second chat", 1), ("An answer.", 1)]
         assert [m.content for m in app.store.messages(first)] == ["First chat", "An answer."]
+
+
+async def test_esc_cancels_an_edit_and_what_was_typed_before_it_comes_back(tmp_path):
+    backend = FakeBackend("An answer.")
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "The question")
+        await until(pilot, lambda: answered(app), "the answer")
+        box = app.query_one("#input")
+        box.text = "half a thought"
+        await pilot.press("ctrl+e")
+        await until(pilot, lambda: box.text == "The question", "the question in the input")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.chat.editing is None, "the edit to be cancelled")
+        assert box.text == "half a thought" and "edit cancelled" in str(app.chat.query_one("#status").render())
+        await pilot.press("enter")  # now a new message after the answer, not an edit
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the second answer")
+        assert [(m.content, m.branches) for m in app.store.messages(app.conversation_id)] == \
+            [("The question", 1), ("An answer.", 1), ("half a thought", 1), ("An answer.", 1)]
+        # An edit that is sent gives the box back what was typed before it began, too.
+        box.text = "another draft"
+        await pilot.press("ctrl+e")
+        await until(pilot, lambda: box.text == "half a thought", "the last question in the input")
+        box.text = "a whole thought"
+        await pilot.press("enter")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 3, "the answer to the edit")
+        assert box.text == "another draft"
+        assert [m.content for m in app.store.messages(app.conversation_id)][-2] == "a whole thought"
