@@ -5,6 +5,10 @@ Two formats cover this year's reasoning GGUFs (llama.cpp's common/chat.cpp parse
 - **Tags**: `<think>…</think>` then the answer (Qwen3.x, DeepSeek R1 and its distills, GLM, QwQ, and
   any model a system prompt teaches to think in tags). Some templates open the tag in the generation
   prompt themselves (DeepSeek R1's ends with `<think>\\n`), so the answer starts inside the thinking.
+  Other markers are read off how the template writes an earlier answer's thinking, as llama.cpp's
+  chat-diff-analyzer does: Seed-OSS thinks in `<seed:think>…</seed:think>`, and Apriel's generation
+  prompt opens the thinking in words that `[BEGIN FINAL RESPONSE]` closes. Granite 3.3 also wraps the
+  answer in `<response>…</response>`, which is dropped.
 - **Harmony** (gpt-oss): messages `<|channel|>NAME<|message|>TEXT`, each after `<|start|>assistant`.
   The `final` channel is the answer; `analysis` (and `commentary`) is thinking. llama.cpp renders
   `<|start|>`, `<|channel|>` and `<|message|>` as text for these models; `<|end|>` it does not, so a
@@ -36,21 +40,42 @@ ANSWER_CHANNEL = "final"
 
 @dataclass(frozen=True)
 class Reasoning:
-    """How one template's answers carry thinking: the format, and whether its generation prompt
-    already opened the thinking (so the answer's first text is thought)."""
+    """How one template's answers carry thinking: the format, whether its generation prompt already
+    opened the thinking (so the answer's first text is thought), the tags (an empty `open`: only the
+    generation prompt opens it), and what the answer is wrapped in, if anything."""
 
     format: Format = Format.TAGS
     starts_open: bool = False
+    open: str = OPEN
+    close: str = CLOSE
+    wrap: tuple[str, str] | None = None
+
+
+# Text no template holds, to find where a template puts an earlier answer's thinking and its answer.
+_THOUGHT, _ANSWER = "SPECCHAT_THOUGHT_7f3a", "SPECCHAT_ANSWER_7f3a"
+RESPONSE = ("<response>", "</response>")  # Granite 3.3's answer wrapper, which its system prompt asks for
 
 
 def reasoning_of(template: ChatTemplate, variables: dict[str, Any] | None = None) -> Reasoning:
     """How a template's answers carry thinking: Harmony where it speaks Harmony, else tags (any model may
-    think in tags, taught by its training or a system prompt), opened already where its generation
-    prompt ends inside a `<think>` (DeepSeek R1's does, unless thinking is switched off)."""
+    think in tags, taught by its training or a system prompt): `<think>` unless the template writes an
+    earlier answer's thinking otherwise, opened already where the generation prompt ends inside it
+    (DeepSeek R1's does, unless thinking is switched off, and Apriel's always does)."""
     if CHANNEL in template.source:
         return Reasoning(Format.HARMONY)
+    wrap = RESPONSE if "".join(RESPONSE) in template.source else None
     prompt = template.render([Message("user", "Hi")], variables=variables).rstrip()
-    return Reasoning(Format.TAGS, starts_open=prompt.endswith(OPEN))
+    written = template.render([Message("user", "Hi"), Message("assistant", _ANSWER, _THOUGHT)], False, variables)
+    thought, answer = written.find(_THOUGHT), written.find(_ANSWER)
+    close = written[thought + len(_THOUGHT):answer].strip() if 0 <= thought < answer else ""
+    if not close or close == CLOSE:
+        return Reasoning(Format.TAGS, prompt.endswith(OPEN), wrap=wrap)
+    if close.startswith("</") and close.endswith(">"):  # a tag of its own: <seed:think>…</seed:think>
+        opened = "<" + close[2:]
+        return Reasoning(Format.TAGS, prompt.endswith(opened), opened, close, wrap)
+    # Closed by words, opened by none (Apriel: "Here are my reasoning steps:" … "[BEGIN FINAL RESPONSE]"):
+    # only the generation prompt opens the thinking, so it is open from the start.
+    return Reasoning(Format.TAGS, True, "", close, wrap)
 
 
 class _State(enum.Enum):
@@ -65,6 +90,8 @@ class Splitter:
 
     def __init__(self, reasoning: Reasoning = Reasoning()) -> None:
         self.format = reasoning.format
+        self.open, self.close, self.wrap = reasoning.open, reasoning.close, reasoning.wrap
+        self._unwrapped = reasoning.wrap is None  # the answer's wrapper, if any, has not opened yet
         self._state = _State.THINKING if reasoning.starts_open else _State.START
         self._held = ""
         self._strip = True  # a section's first text drops its leading whitespace (the newline after a tag)
@@ -110,23 +137,42 @@ class Splitter:
             stripped = held.lstrip()
             if not stripped:
                 return False
-            if stripped.startswith(OPEN):
-                self._state, self._held, self.thought = _State.THINKING, stripped[len(OPEN):], True
+            if self.open and stripped.startswith(self.open):
+                self._state, self._held, self.thought = _State.THINKING, stripped[len(self.open):], True
                 self._strip = True
                 return True
-            if OPEN.startswith(stripped):
+            if self.open.startswith(stripped) or (self.wrap and self.wrap[0].startswith(stripped)):
                 return False  # maybe the tag, still arriving
             self._state, self._strip = _State.ANSWER, False  # an answer without thinking stays as written
             return True
         if self._state is _State.THINKING:
             self.thought = True
-            at = held.find(CLOSE)
+            at = held.find(self.close)
             if at >= 0:
                 thinking.append(held[:at])
-                self._state, self._held, self._strip = _State.ANSWER, held[at + len(CLOSE):], True
+                self._state, self._held, self._strip = _State.ANSWER, held[at + len(self.close):], True
                 return True
-            keep = _overlap(held, (CLOSE,))
+            keep = _overlap(held, (self.close,))
             thinking.append(held[:len(held) - keep])
+            self._held = held[len(held) - keep:]
+            return False
+        if not self._unwrapped:  # the answer's first text: its wrapper's opening, if that is what it is
+            opening, first = self.wrap[0], held.lstrip()  # type: ignore[index]
+            if opening.startswith(first) and first != opening:
+                return False
+            self._unwrapped = True
+            if first.startswith(opening):
+                self._held, self._strip = first[len(opening):], True
+                return True
+        if self.wrap is not None:  # its closing goes wherever it comes
+            closing = self.wrap[1]
+            at = held.find(closing)
+            if at >= 0:
+                answer.append(held[:at])
+                self._held = held[at + len(closing):]
+                return True
+            keep = _overlap(held, (closing,))
+            answer.append(held[:len(held) - keep])
             self._held = held[len(held) - keep:]
             return False
         answer.append(held)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specchat.decoding.events import Done, Event, Step
-from specchat.decoding.reasoning import CLOSE, Format, Reasoning, Splitter, split
+from specchat.decoding.reasoning import Format, Reasoning, Splitter, split
 from specchat.service.events import ChatEvent, Notice
 
 
@@ -36,7 +36,7 @@ class ThinkingSplit:
             thinking, answer = split(event.text, self.reasoning)  # the Done holds the whole text
             said: list[ChatEvent] = []
             if self.splitter.unclosed:
-                close = CLOSE if self.reasoning.format is Format.TAGS else "its final channel"
+                close = self.reasoning.close if self.reasoning.format is Format.TAGS else "its final channel"
                 said.append(Notice(f"the answer ended inside its thinking (no {close}): what it wrote is kept as "
                                    "thinking; raise max tokens, or ask again"))
             return [*said, replace(event, text=answer, thinking=thinking.strip(),

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from specchat.decoding.reasoning import Format, Reasoning, Splitter, reasoning_of, split
+from specchat.decoding.reasoning import RESPONSE, Format, Reasoning, Splitter, reasoning_of, split
 from specchat.llama.template import ChatTemplate
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 HARMONY = Reasoning(Format.HARMONY)
+SEED = Reasoning(open="<seed:think>", close="</seed:think>")
+APRIEL = Reasoning(starts_open=True, open="", close="[BEGIN FINAL RESPONSE]")
+GRANITE = Reasoning(wrap=RESPONSE)
 
 CASES = [  # (text, how the template opened it, thinking, answer)
     ("<think>\nAdd them: 2 + 2 = 4.\n</think>\n\nThe answer is 4.", Reasoning(), "Add them: 2 + 2 = 4.\n",
@@ -27,6 +30,12 @@ CASES = [  # (text, how the template opened it, thinking, answer)
     ("<|channel|>analysis<|message|>One.<|end|><|start|>assistant<|channel|>commentary<|message|>Two."
      "<|start|>assistant<|channel|>final<|message|>Done.", HARMONY, "One.\n\nTwo.", "Done."),
     ("no channels at all", HARMONY, "", "no channels at all"),
+    ("<seed:think>Hmm.</seed:think>Four.", SEED, "Hmm.", "Four."),
+    ("<think>not Seed's tag</think> so answer", SEED, "", "<think>not Seed's tag</think> so answer"),
+    ("Add them.\n[BEGIN FINAL RESPONSE]\nFour.", APRIEL, "Add them.\n", "Four."),
+    ("<think>Let me see.</think>\n<response>Four.</response>", GRANITE, "Let me see.", "Four."),
+    ("<response>Just four.</response>", GRANITE, "", "Just four."),
+    ("Four, not wrapped.", GRANITE, "", "Four, not wrapped."),
 ]
 
 
@@ -80,3 +89,9 @@ def test_the_format_and_the_opened_tag_are_read_from_real_templates():
     assert reasoning_of(r1, r1.variables(True)) == Reasoning(Format.TAGS, starts_open=True)
     assert reasoning_of(r1, r1.variables(False)) == Reasoning(Format.TAGS, starts_open=False)
     assert reasoning_of(gpt_oss) == HARMONY
+    # The markers, read off how each template writes an earlier answer's thinking (llama.cpp's
+    # chat-diff-analyzer does the same), and Granite 3.3's answer wrapper, off its system prompt.
+    assert reasoning_of(template("ByteDance-Seed-OSS")) == SEED
+    assert reasoning_of(template("Apriel-1.6-15b-Thinker-fixed")) == APRIEL  # its prompt opens it in words
+    granite = template("ibm-granite-granite-3.3-2B-Instruct")
+    assert reasoning_of(granite, granite.variables(True)) == GRANITE
