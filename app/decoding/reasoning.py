@@ -25,6 +25,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from specchat.errors import SpecchatError
 from specchat.llama.template import ChatTemplate, Message
 
 
@@ -65,7 +66,10 @@ def reasoning_of(template: ChatTemplate, variables: dict[str, Any] | None = None
         return Reasoning(Format.HARMONY)
     wrap = RESPONSE if "".join(RESPONSE) in template.source else None
     prompt = template.render([Message("user", "Hi")], variables=variables).rstrip()
-    written = template.render([Message("user", "Hi"), Message("assistant", _ANSWER, _THOUGHT)], False, variables)
+    try:
+        written = template.render([Message("user", "Hi"), Message("assistant", _ANSWER, _THOUGHT)], False, variables)
+    except SpecchatError:  # a template that refuses such a conversation: it writes no thinking back either
+        written = ""
     thought, answer = written.find(_THOUGHT), written.find(_ANSWER)
     close = written[thought + len(_THOUGHT):answer].strip() if 0 <= thought < answer else ""
     if not close or close == CLOSE:

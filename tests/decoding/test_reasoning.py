@@ -95,3 +95,10 @@ def test_the_format_and_the_opened_tag_are_read_from_real_templates():
     assert reasoning_of(template("Apriel-1.6-15b-Thinker-fixed")) == APRIEL  # its prompt opens it in words
     granite = template("ibm-granite-granite-3.3-2B-Instruct")
     assert reasoning_of(granite, granite.variables(True)) == GRANITE
+
+
+def test_a_template_that_refuses_a_written_answer_thinks_in_the_default_tags():
+    # Some templates raise on conversations they do not expect; the markers then stay <think>…</think>.
+    picky = ChatTemplate("{% for m in messages %}{% if m.role == 'assistant' %}{{ raise_exception('no') }}{% endif %}"
+                         "{{ m.content }}{% endfor %}", "picky", "<s>", "</s>")
+    assert reasoning_of(picky) == Reasoning()
