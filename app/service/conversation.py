@@ -113,6 +113,16 @@ class ConversationController:
         followed it (regenerate), which stays."""
         self.store.show(self.id, message.id, down=False)
 
+    def show_found(self, query: str) -> bool:
+        """Where the branch on screen holds nothing that a search for `query` found, show the branch through the
+        newest message that holds it (down to that branch's newest message): what was searched for is then in
+        view. True where the branch changed."""
+        found = self.store.found(self.id, query)
+        if not found or set(found) & {m.id for m in self.messages()}:
+            return False
+        self.store.show(self.id, found[-1])
+        return True
+
     def switch(self, message: StoredMessage, step: int) -> bool:
         """Show the branch `step` places from this message's (-1: the one before); False where there is none."""
         siblings = self.store.siblings(message.id)

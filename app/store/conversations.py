@@ -219,17 +219,24 @@ class Store:
     def search(self, query: str, limit: int = 50, thinking: bool = True) -> list[Conversation]:
         """Conversations whose title or any message holds every word of `query` (a word may be the
         start of a longer one), most recent first; `thinking`: in a reasoning model's thinking too."""
-        words = re.findall(r"\w+", query)
-        if not words:
+        match = _match(query, thinking)
+        if match is None:
             return self.conversations()
-        match = " ".join(f'"{w}"*' for w in words)  # quoted: FTS5 syntax in the query is just text
-        if not thinking:
-            match = f"content : ({match})"
         rows = self.db.execute(
             "SELECT id, title, updated, server FROM conversations WHERE id IN (SELECT m.conversation_id FROM message_text "
             "JOIN messages m ON m.id = message_text.rowid WHERE message_text MATCH ?) OR title LIKE ? "
             "ORDER BY updated DESC, id DESC LIMIT ?", (match, f"%{query.strip()}%", limit))
         return [Conversation(*row) for row in rows]
+
+    def found(self, conversation_id: int, query: str) -> list[int]:
+        """The messages of one conversation, on any branch, that hold every word of `query` (as `search` finds
+        them, thinking included), oldest first."""
+        match = _match(query, True)
+        if match is None:
+            return []
+        rows = self.db.execute("SELECT m.id FROM message_text JOIN messages m ON m.id = message_text.rowid "
+                               "WHERE message_text MATCH ? AND m.conversation_id = ? ORDER BY m.id", (match, conversation_id))
+        return [row[0] for row in rows]
 
     def new_conversation(self, title: str = "New chat") -> Conversation:
         now = time.time()
@@ -359,3 +366,13 @@ class Store:
                 lines += ["### Thinking", "", *(f"> {line}".rstrip() for line in m.thinking.splitlines()), ""]
             lines += [m.content, ""]
         return "\n".join(lines)
+
+
+def _match(query: str, thinking: bool) -> str | None:
+    """The full-text query for every word of `query`, each also as the start of a longer one (None: no words);
+    without `thinking`, in the answers' text only."""
+    words = re.findall(r"\w+", query)
+    if not words:
+        return None
+    match = " ".join(f'"{w}"*' for w in words)  # quoted: FTS5 syntax in the query is just text
+    return match if thinking else f"content : ({match})"

@@ -205,7 +205,11 @@ class ChatScreen(Screen[None]):
         if self.busy:
             self.notify("An answer is streaming: Esc stops it, then open the conversation", severity="warning")
         else:
-            self.open(ConversationController(self.chat_app.store, event.conversation_id))
+            conversation = ConversationController(self.chat_app.store, event.conversation_id)
+            branched = bool(event.query) and conversation.show_found(event.query)
+            self.open(conversation)
+            if branched:
+                self.status(f"showing the branch that holds “{event.query}”")
 
     def action_search(self) -> None:
         self.query_one(ConversationList).focus_search()

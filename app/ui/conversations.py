@@ -35,9 +35,10 @@ class ConversationList(Vertical):
     class Chosen(TMessage):
         """The user picked a conversation (in the list, or in the command palette's search)."""
 
-        def __init__(self, conversation_id: int) -> None:
+        def __init__(self, conversation_id: int, query: str = "") -> None:
             super().__init__()
             self.conversation_id = conversation_id
+            self.query = query  # what the search that found it was for ("": it was not searched for)
 
     def __init__(self, store: Store, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -66,7 +67,7 @@ class ConversationList(Vertical):
     def _selected(self, event: ListView.Selected) -> None:
         event.stop()
         if isinstance(event.item, ConversationItem):
-            self.post_message(self.Chosen(event.item.conversation_id))
+            self.post_message(self.Chosen(event.item.conversation_id, self.query_one("#search", Input).value.strip()))
 
     @on(Input.Changed, "#search")
     def _search(self, event: Input.Changed) -> None:
@@ -85,5 +86,5 @@ class ConversationSearch(Provider):
         said = {c.id for c in sidebar.store.search(query, limit=10, thinking=False)}
         for conv in sidebar.store.search(query, limit=10):
             yield Hit(1.0, f"Open conversation: {conv.title}",
-                      partial(sidebar.post_message, ConversationList.Chosen(conv.id)),
+                      partial(sidebar.post_message, ConversationList.Chosen(conv.id, query.strip())),
                       help=f"holds “{query.strip()}”" + ("" if conv.id in said else " in its thinking"))

@@ -186,3 +186,18 @@ def test_three_branches_and_the_export_of_the_one_on_screen(tmp_path):
     assert chat.switch(chat.messages()[1], -1)  # the second of three
     exported = chat.export().read_text()
     assert "## Assistant (branch 2 of 3)\n\nBlue." in exported and "Red." not in exported and "Green." not in exported
+
+
+def test_a_search_shows_the_branch_that_holds_what_it_found(tmp_path):
+    store, chat, _ = make(tmp_path)
+    answered(chat, "one", "a zebra crossing")
+    answered(chat, "two", "second")
+    chat.end_at(chat.messages()[0])  # regenerated: the branch on screen no longer holds "zebra"
+    chat.begin_answer("m", None)
+    chat.finish(done("a plain answer"), "none")
+    assert contents(chat) == ["one", "a plain answer"]
+    assert chat.show_found("zebr")  # the start of a word, as the search finds it
+    assert contents(chat) == ["one", "a zebra crossing", "two", "second"]  # down to that branch's newest
+    assert not chat.show_found("zebra")  # already in view: the branch stays
+    assert not chat.show_found("one") and not chat.show_found("giraffe") and not chat.show_found("  ")
+    assert contents(chat) == ["one", "a zebra crossing", "two", "second"]

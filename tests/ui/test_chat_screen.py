@@ -414,6 +414,30 @@ async def test_command_palette_finds_and_opens_a_conversation(tmp_path):
         assert sorted(hit.text for hit in hits) == ["Open conversation: Garden", "Open conversation: Lisbon"]
 
 
+
+async def test_a_conversation_found_by_search_opens_on_the_branch_that_holds_it(tmp_path):
+    store = Store(tmp_path / "chat.db")
+    conv = store.new_conversation("Animals").id
+    question = store.add_message(conv, "user", "name an animal")
+    store.add_message(conv, "assistant", "A zebra.")
+    store.add_message(conv, "assistant", "A cat.", after=question)  # regenerated: the cat's branch is on screen
+    app = SpecchatApp(backend_factory=lambda choice: FakeBackend(), store=store, settings_path=tmp_path / "config.toml")
+    async with app.run_test(size=(140, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        assert [v.content for v in app.query(MessageView)] == ["name an animal", "A cat."]
+        await pilot.press("ctrl+f", *"zebra")
+        await until(pilot, lambda: listed(app) == [conv], "the match")
+        await pilot.click(app.chat.query_one("#conversations", ListView).children[0])
+        await until(pilot, lambda: [v.content for v in app.query(MessageView)] == ["name an animal", "A zebra."],
+                    "the zebra's branch")
+        assert "holds “zebra”" in str(app.chat.query_one("#status").render())
+        # The command palette's search does the same, and a branch that holds it already stays.
+        hits = [hit async for hit in ConversationSearch(app.screen).search("cat")]
+        hits[0].command()
+        await until(pilot, lambda: [v.content for v in app.query(MessageView)] == ["name an animal", "A cat."],
+                    "the cat's branch")
+
+
 # --- 7. the theme -----------------------------------------------------------------------------------------
 
 
