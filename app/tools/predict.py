@@ -145,9 +145,13 @@ class Predicted(BaseGuesser):
         at = len(context) - self.start
         if k <= 0 or self.bucket[at] < 0:
             return Proposal.empty()
-        tokens, m = lookup_match(context, k, 32)
-        n, _ = best_length(self.alphas(at, tokens, m, self.weights, self.signals), self.curve, 0.0)
+        tokens, alphas = self.weigh(at, *lookup_match(context, k, 32))
+        n, _ = best_length(alphas, self.curve, 0.0)
         return Proposal(tokens[:n], None, "lookup")
+
+    def weigh(self, at: int, tokens: list[int], m: int) -> tuple[list[int], np.ndarray]:
+        """The copied tokens worth weighing at answer position `at` after an m-token match, and their acceptance."""
+        return tokens, self.alphas(at, tokens, m, self.weights, self.signals)
 
     def alphas(self, at: int, tokens: list[int], m: int, weights: np.ndarray, signals: Sequence[str]) -> np.ndarray:
         """The model's acceptance of each copied token, the j-th after an (m + j)-token match."""
@@ -173,19 +177,13 @@ class Checked(Predicted):
         self.plain_weights, self.gate, self.span = plain_weights, gate, span
         self.check_s = 0.0  # what the checks cost, for the caller to add to the replay's seconds
 
-    def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
-                rng: np.random.Generator) -> Proposal:
-        at = len(context) - self.start
-        if k <= 0 or self.bucket[at] < 0:
-            return Proposal.empty()
-        tokens, m = lookup_match(context, k, 32)
+    def weigh(self, at: int, tokens: list[int], m: int) -> tuple[list[int], np.ndarray]:
         alphas = self.alphas(at, tokens, m, self.plain_weights, [])
-        if alphas[0] >= self.gate:
-            tokens = tokens[:self.span]
-            self.check_s += self.curve.draft_s * float(self.curve.verify(len(tokens)) / self.curve.verify(1))
-            alphas = self.alphas(at, tokens, m, self.weights, self.signals)
-        n, _ = best_length(alphas, self.curve, 0.0)
-        return Proposal(tokens[:n], None, "lookup")
+        if alphas[0] < self.gate:
+            return tokens, alphas
+        tokens = tokens[:self.span]
+        self.check_s += self.curve.draft_s * float(self.curve.verify(len(tokens)) / self.curve.verify(1))
+        return tokens, self.alphas(at, tokens, m, self.weights, self.signals)
 
 
 def own_copy_oracle(answer: Answer, curve: CostCurve) -> float:
