@@ -151,15 +151,10 @@ class Splitter:
             return True
         if self._state is _State.THINKING:
             self.thought = True
-            at = held.find(self.close)
-            if at >= 0:
-                thinking.append(held[:at])
-                self._state, self._held, self._strip = _State.ANSWER, held[at + len(self.close):], True
-                return True
-            keep = _overlap(held, (self.close,))
-            thinking.append(held[:len(held) - keep])
-            self._held = held[len(held) - keep:]
-            return False
+            if not self._release_until(self.close, thinking):
+                return False
+            self._state, self._strip = _State.ANSWER, True
+            return True
         if not self._unwrapped:  # the answer's first text: its wrapper's opening, if that is what it is
             opening, first = self.wrap[0], held.lstrip()  # type: ignore[index]
             if opening.startswith(first) and first != opening:
@@ -169,18 +164,23 @@ class Splitter:
                 self._held, self._strip = first[len(opening):], True
                 return True
         if self.wrap is not None:  # its closing goes wherever it comes
-            closing = self.wrap[1]
-            at = held.find(closing)
-            if at >= 0:
-                answer.append(held[:at])
-                self._held = held[at + len(closing):]
-                return True
-            keep = _overlap(held, (closing,))
-            answer.append(held[:len(held) - keep])
-            self._held = held[len(held) - keep:]
-            return False
+            return self._release_until(self.wrap[1], answer)
         answer.append(held)
         self._held = ""
+        return False
+
+    def _release_until(self, marker: str, out: list[str]) -> bool:
+        """Release the held text up to `marker` into `out` and drop the marker: True. Where the marker has not
+        come, release all but a tail that may be its start, and keep that: False."""
+        held = self._held
+        at = held.find(marker)
+        if at >= 0:
+            out.append(held[:at])
+            self._held = held[at + len(marker):]
+            return True
+        keep = _overlap(held, (marker,))
+        out.append(held[:len(held) - keep])
+        self._held = held[len(held) - keep:]
         return False
 
     def _harmony(self, thinking: list[str], answer: list[str]) -> bool:
