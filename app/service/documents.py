@@ -3,11 +3,13 @@ and saves that never touch the original unless asked."""
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import re
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from specchat.decoding.engine import GenerationConfig
 from specchat.errors import SpecchatError
@@ -27,53 +29,144 @@ def rewrite_messages(instruction: str, chunk: str) -> list[Message]:
             Message("user", f"{instruction}\n\n{chunk}")]
 
 
-def rewrite_requests(instruction: str, text: str, n_ctx: int, count: Callable[[str], int],
-                     config: GenerationConfig) -> list[tuple[list[Message], GenerationConfig]]:
+def rewrite_requests(instruction: str, text: str, n_ctx: int, count: Callable[[str], int], config: GenerationConfig
+                     ) -> tuple[Parts, list[tuple[list[Message], GenerationConfig]]]:
     """A document's rewrite as the requests that make it, in order: paragraph-aligned chunks of at most
     half the context that is left after the instruction (the answer is about as long as its chunk), each
-    with room to answer in full and no stop strings (a document may hold any text)."""
+    with room to answer in full and no stop strings (a document may hold any text). With them, the parts
+    they rewrite, which join the answers back as the document was laid out."""
     budget = max(128, (n_ctx - 200) // 2)
     answer = replace(config, max_tokens=budget + 64, stop=())
-    return [(rewrite_messages(instruction, chunk), answer) for chunk in split_paragraphs(text, budget, count)]
+    parts = split_paragraphs(text, budget, count)
+    return parts, [(rewrite_messages(instruction, chunk), answer) for chunk in parts.texts]
 
 
-def split_paragraphs(text: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
-    """Chunks of whole paragraphs, each within max_tokens (a single longer paragraph is split
-    at sentence ends, and at worst stands alone)."""
-    paragraphs = [p for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
-    chunks: list[str] = []
-    current: list[str] = []
-    for para in paragraphs:
-        pieces = [para] if count(para) <= max_tokens else _sentences(para, max_tokens, count)
-        for piece in pieces:
-            if current and count("\n\n".join(current + [piece])) > max_tokens:
-                chunks.append("\n\n".join(current))
-                current = []
-            current.append(piece)
-    if current:
-        chunks.append("\n\n".join(current))
-    return chunks
+@dataclass(frozen=True)
+class Parts:
+    """A document cut into parts that are rewritten one by one, and what lies around them in the original
+    (the blank lines between them, the document's leading and trailing whitespace), which is not sent: joining
+    the rewrites with it keeps the document's own spacing, where a fixed "\n\n" would make each other
+    spacing a change to review."""
+
+    texts: tuple[str, ...]
+    gaps: tuple[str, ...]  # before the first part, between each two, after the last: one more than texts
+
+    @classmethod
+    def cut(cls, text: str, spans: Sequence[tuple[int, int]]) -> Parts:
+        """`text` cut at `spans` (in order, not overlapping): the parts, and the text between them."""
+        bounds = [0, *(i for span in spans for i in span), len(text)]
+        return cls(tuple(text[a:b] for a, b in spans), tuple(text[a:b] for a, b in zip(bounds[::2], bounds[1::2])))
+
+    def join(self, texts: Sequence[str]) -> str:
+        """The parts' rewrites, in order, with the original's text between them: the original for its own parts."""
+        return self.gaps[0] + "".join(text + gap for text, gap in zip(texts, self.gaps[1:], strict=True))
 
 
-def _sentences(para: str, max_tokens: int, count: Callable[[str], int]) -> list[str]:
-    out: list[str] = []
-    for sentence in re.split(r"(?<=[.!?])\s+", para):
-        if out and count(out[-1] + " " + sentence) <= max_tokens:
-            out[-1] += " " + sentence
+_BLANK_LINES = re.compile(r"\n\s*\n")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def split_paragraphs(text: str, max_tokens: int, count: Callable[[str], int]) -> Parts:
+    """Parts of whole paragraphs, each within max_tokens (a single longer paragraph is split at sentence
+    ends, and at worst stands alone). Each part is the original's text as it is, spacing and all."""
+    pieces: list[tuple[int, int]] = []
+    for start, end in _spans(text, _BLANK_LINES, 0, len(text)):
+        fits = count(text[start:end]) <= max_tokens
+        pieces += [(start, end)] if fits else _spans(text, _SENTENCE_END, start, end)
+    chunks: list[tuple[int, int]] = []
+    for start, end in pieces:
+        if chunks and count(text[chunks[-1][0]:end]) <= max_tokens:
+            chunks[-1] = (chunks[-1][0], end)
         else:
-            out.append(sentence)
-    return out
+            chunks.append((start, end))
+    return Parts.cut(text, chunks)
+
+
+def _spans(text: str, separator: re.Pattern[str], start: int, end: int) -> list[tuple[int, int]]:
+    """Where the pieces of text[start:end] between `separator`s lie, each without the whitespace at its
+    ends (which stays in the gaps between parts); blank pieces are left out."""
+    bounds = [start, *(i for m in separator.finditer(text, start, end) for i in m.span()), end]
+    spans = []
+    for a, b in zip(bounds[::2], bounds[1::2]):
+        piece = text[a:b]
+        if piece.strip():
+            spans.append((a + len(piece) - len(piece.lstrip()), a + len(piece.rstrip())))
+    return spans
+
+
+# A byte order mark names the encoding. UTF-32's are looked for first: UTF-32 LE's begins with UTF-16 LE's.
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF8, "utf-8"),
+         (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+# A text file's line ends. Not str.splitlines: it also splits at \x0b, \x0c, \x1c-\x1e, \x85, \u2028 and \u2029,
+# which are characters of a line in a text file.
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+@dataclass(frozen=True)
+class Document:
+    """A text file as it is on disk. `text` is what the model and the review work on: its lines joined by
+    "\n". `encode` gives an edited text back the file's own form: its encoding and byte order mark, each
+    line's own end where the line is kept (or replaced one for one), and its final newline or none. So a
+    review with every change rejected writes the file back byte for byte."""
+
+    raw: bytes  # as read: another program's save shows as other bytes, if only other line ends
+    bom: bytes
+    encoding: str
+    text: str
+    endings: tuple[str, ...]  # each line's end as found, in order; the last line has none
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Document:
+        """The document that `raw` holds (raises UnicodeDecodeError if it is not text in the encoding that
+        its byte order mark names, or UTF-8 without one)."""
+        bom, encoding = next(((bom, encoding) for bom, encoding in _BOMS if raw.startswith(bom)), (b"", "utf-8"))
+        decoded = raw[len(bom):].decode(encoding)
+        return cls(raw, bom, encoding, _LINE_END.sub("\n", decoded), tuple(_LINE_END.findall(decoded)))
+
+    def encode(self, text: str) -> bytes:
+        """`text` (this document edited) in the file's own form."""
+        lines = _LINE_END.split(text)
+        ends = self._ends_for(lines)
+        return self.bom + "".join(line + end for line, end in zip(lines, [*ends, ""])).encode(self.encoding)
+
+    def _ends_for(self, lines: list[str]) -> list[str]:
+        """The line end of each of `lines` but the last. A line kept from the original keeps its end, and so
+        does one that replaces an original line one for one; lines that replace lines which all ended alike
+        end so too; any other line ends as most of the file's lines do."""
+        old = self.text.split("\n")
+        ends = [self._dominant_end()] * (len(lines) - 1)
+        for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, lines, autojunk=False).get_opcodes():
+            if op in ("equal", "replace") and i2 - i1 == j2 - j1:
+                matched = self.endings[i1:i2]  # none for the original's last line: its match keeps the usual end
+            elif op == "replace" and len(set(self.endings[i1:i2])) == 1:
+                matched = (self.endings[i1],) * (j2 - j1)
+            else:
+                continue
+            for j, end in zip(range(j1, len(ends)), matched):
+                ends[j] = end
+        return ends
+
+    def _dominant_end(self) -> str:
+        return Counter(self.endings).most_common(1)[0][0] if self.endings else "\n"
+
+
+def open_document(path: Path) -> Document:
+    """The document at `path` as it is on disk; a missing, unreadable or undecodable file is a one-line error."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecchatError(f"document not found: {path}") from None
+    except OSError as e:
+        raise SpecchatError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        return Document.decode(raw)
+    except UnicodeDecodeError as e:
+        raise SpecchatError(f"{path} is not {e.encoding.upper()} text; convert it first") from None
 
 
 def read_document(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecchatError(f"document not found: {path}") from None
-    except UnicodeDecodeError:
-        raise SpecchatError(f"{path} is not UTF-8 text; convert it first") from None
-    except OSError as e:
-        raise SpecchatError(f"cannot read {path}: {e.strerror}") from None
+    """A file's text, with "\n" line ends (to attach to a message, or to check before the app starts)."""
+    return open_document(path).text
 
 
 def output_path(original: Path) -> Path:
@@ -91,8 +184,10 @@ def saved_form(text: str) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def save(text: str, path: Path) -> Path:
-    atomic_write(path, saved_form(text))
+def save(text: str, path: Path, like: Document | None = None) -> Path:
+    """Write `text` to `path` in the form of the document it was made from (its encoding, line ends and final
+    newline), or, with none, as UTF-8 ending in a newline."""
+    atomic_write(path, like.encode(text) if like is not None else saved_form(text))
     return path
 
 
@@ -132,10 +227,10 @@ class Review:
     Changes a word or a space apart are one passage: a rewritten phrase is one decision, not five."""
 
     def __init__(self, original: str, rewritten: str) -> None:
-        # The rewrite ends as the original does (a model's answer is stripped), so that the last newline is
-        # no change to review, and rejecting every change gives back the original exactly.
+        # The rewrite ends in as many newlines as the original (a model's answer is stripped), none included,
+        # so that the file's end is no change to review.
         self.original = original
-        self.rewritten = saved_form(rewritten.rstrip("\n")) if original.endswith("\n") else rewritten.rstrip("\n")
+        self.rewritten = rewritten.rstrip("\n") + original[len(original.rstrip("\n")):]
         parts: list[str | Change] = []
         for text, kind in word_diff(original, self.rewritten):
             if kind == "same":
@@ -196,9 +291,10 @@ class Review:
         return f"{taken} of {len(self.changes)} changes accepted, {len(self.changes) - taken} rejected"
 
 
-def unchanged_since(path: Path, original: str) -> bool:
-    """Whether the file still holds the text the review was made of (another program may have saved it)."""
+def unchanged_since(path: Path, document: Document) -> bool:
+    """Whether the file still holds the bytes the document was read from (another program may have saved it,
+    if only to change its line ends)."""
     try:
-        return path.read_text(encoding="utf-8") == original
-    except (OSError, UnicodeDecodeError):
+        return path.read_bytes() == document.raw
+    except OSError:
         return False

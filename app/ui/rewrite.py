@@ -21,7 +21,7 @@ from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.backend import Backend
 from specchat.service.choices import generation
-from specchat.service.documents import PRESETS, Review, output_path, read_document, rewrite_requests, save, unchanged_since
+from specchat.service.documents import PRESETS, Parts, Review, open_document, output_path, rewrite_requests, save, unchanged_since
 from specchat.service.settings import Settings
 from specchat.ui.screens import ConfirmScreen
 from specchat.ui.streaming import GenerationBatch, Pump
@@ -64,7 +64,7 @@ class RewriteScreen(Screen[None]):
         if backend is None:
             raise SpecchatError("the models are still loading; open the document again in a moment")
         self.path, self.backend, self.settings = path, backend, settings
-        self.original = read_document(path)
+        self.document = open_document(path)  # as it is on disk: saves keep its encoding and line ends
         self.review: Review | None = None  # the finished rewrite, change by change
         self.current = 0  # the change the review keys act on
         self.cancel = threading.Event()
@@ -79,7 +79,7 @@ class RewriteScreen(Screen[None]):
         with Horizontal():
             with Vertical(id="doc-pane"):
                 yield Label(f"Original: {self.path.name}", classes="title")
-                yield TextArea(self.original, read_only=True, id="original")
+                yield TextArea(self.document.text, read_only=True, id="original")
             with Vertical(id="rewrite-pane"):
                 with Horizontal(id="instruction-row"):
                     yield Select([(k, v) for k, v in PRESETS.items()] + [("Custom…", CUSTOM)],
@@ -120,8 +120,9 @@ class RewriteScreen(Screen[None]):
         self.query_one("#result", TextArea).text = ""
         self.query_one("#diff-pane").display = False
         self.query_one(StatsPanel).reset(self.backend.name, self.backend.baseline(), self.guesser)
-        self._run(rewrite_requests(instruction, self.original, self.backend.n_ctx, self.backend.count_tokens,
-                                   generation(self.settings)))
+        parts, requests = rewrite_requests(instruction, self.document.text, self.backend.n_ctx,
+                                           self.backend.count_tokens, generation(self.settings))
+        self._run(parts, requests)
 
     class Progress(TMessage):
         """From the rewrite worker, in order with its generation batches (a call_from_thread could
@@ -132,7 +133,7 @@ class RewriteScreen(Screen[None]):
             self.status, self.result, self.finished = status, result, finished
 
     @work(thread=True, exclusive=True, group="rewrite")
-    def _run(self, requests: list[tuple[list[Message], GenerationConfig]]) -> None:
+    def _run(self, parts: Parts, requests: list[tuple[list[Message], GenerationConfig]]) -> None:
         results: list[str] = []
         for n, (messages, config) in enumerate(requests, 1):
             self.post_message(self.Progress(f"rewriting part {n} of {len(requests)}… (Esc stops)"))
@@ -141,7 +142,7 @@ class RewriteScreen(Screen[None]):
                 self.post_message(self.Progress("stopped: nothing was saved" if done else "", finished=True))
                 return
             results.append(done.text.strip())
-        self.post_message(self.Progress("", "\n\n".join(results), finished=True))
+        self.post_message(self.Progress("", parts.join(results), finished=True))  # spaced as the original was
 
     def on_rewrite_screen_progress(self, message: Progress) -> None:
         if message.status:
@@ -175,7 +176,7 @@ class RewriteScreen(Screen[None]):
         self.query_one("#rewrite-status", Static).update(text)
 
     def _finished(self, text: str) -> None:
-        self.review, self.current = Review(self.original, text), 0
+        self.review, self.current = Review(self.document.text, text), 0
         self.query_one("#diff-pane").display = True
         self._show_review()
         panel = self.query_one(StatsPanel)
@@ -219,12 +220,12 @@ class RewriteScreen(Screen[None]):
             self.notify("Nothing to save yet", severity="warning")
             return
         try:
-            path = save(self.review.text, output_path(self.path))
+            path = save(self.review.text, output_path(self.path), self.document)
         except OSError as e:  # a full disk or a read-only folder: the review stays here to retry
             self.notify(f"could not save next to {self.path}: {e.strerror}; the original is unchanged",
                         severity="error", timeout=15)
             return
-        moved = "" if unchanged_since(self.path, self.original) else \
+        moved = "" if unchanged_since(self.path, self.document) else \
             f"; note: {self.path.name} changed on disk since it was opened, and this is a rewrite of the version opened"
         self.notify(f"Saved to {path} ({self.review.summary()}){moved}", severity="warning" if moved else "information")
         self._set_status(f"saved to {path}: {self.review.summary()} (the original is unchanged){moved}")
@@ -236,7 +237,7 @@ class RewriteScreen(Screen[None]):
 
         def changed() -> bool:
             # Another program's save since the document was opened is never lost to the rewrite.
-            if unchanged_since(self.path, self.original):
+            if unchanged_since(self.path, self.document):
                 return False
             self.notify(f"{self.path} changed on disk since it was opened, so it was not overwritten; Ctrl+S saves "
                         "the review as a new file", severity="error", timeout=15)
@@ -246,7 +247,7 @@ class RewriteScreen(Screen[None]):
             if not yes or changed():  # checked again at the last moment
                 return
             try:
-                save(text, self.path)
+                save(text, self.path, self.document)
             except OSError as e:
                 self.notify(f"could not overwrite {self.path}: {e.strerror}; it is unchanged", severity="error",
                             timeout=15)

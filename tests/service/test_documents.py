@@ -1,6 +1,9 @@
 from pathlib import Path
 
-from specchat.service.documents import output_path, save, split_paragraphs, word_diff
+import pytest
+
+from specchat.errors import SpecchatError
+from specchat.service.documents import Document, Review, open_document, output_path, save, split_paragraphs, word_diff
 
 
 def words(text: str) -> int:
@@ -9,7 +12,7 @@ def words(text: str) -> int:
 
 def test_chunks_keep_paragraphs_whole_and_fit():
     paras = [" ".join(f"w{p}_{i}" for i in range(n)) for p, n in enumerate([30, 30, 50, 10, 80])]
-    chunks = split_paragraphs("\n\n".join(paras), 70, words)
+    chunks = split_paragraphs("\n\n".join(paras), 70, words).texts
     assert all(words(c) <= 70 for c in chunks if "w4_" not in c)
     assert [c for c in chunks if "w4_" in c] == [paras[4]]  # no sentence ends: it stands alone
     assert "\n\n".join(chunks).split() == "\n\n".join(paras).split()  # nothing lost, order kept
@@ -18,7 +21,7 @@ def test_chunks_keep_paragraphs_whole_and_fit():
 
 def test_a_paragraph_longer_than_the_budget_splits_at_sentences():
     para = " ".join(f"Sentence number {i} is here." for i in range(20))
-    chunks = split_paragraphs(para, 30, words)
+    chunks = split_paragraphs(para, 30, words).texts
     assert len(chunks) > 1 and all(c.endswith(".") for c in chunks)
     assert " ".join(chunks).split() == para.split()
 
@@ -49,13 +52,14 @@ def test_a_rewrite_is_requests_that_fit_the_context_and_answer_in_full():
     from specchat.service.documents import rewrite_requests
 
     paras = [" ".join(f"w{i}" for i in range(n, n + 150)) for n in range(0, 1500, 150)]  # 10 paragraphs of 150 words
-    requests = rewrite_requests("Fix it.", "\n\n".join(paras), 1024, words, GenerationConfig(max_tokens=512, stop=("x",)))
+    parts, requests = rewrite_requests("Fix it.", "\n\n".join(paras), 1024, words,
+                                       GenerationConfig(max_tokens=512, stop=("x",)))
     budget = (1024 - 200) // 2  # half of what the instruction leaves: the answer is about as long as its chunk
     assert len(requests) == 5  # two paragraphs of 150 words a request
     for messages, config in requests:
         assert words(messages[-1].content.removeprefix("Fix it.\n\n")) <= budget
         assert config.max_tokens == budget + 64 and config.stop == ()
-    assert "\n\n".join(m[-1].content.removeprefix("Fix it.\n\n") for m, _ in requests) == "\n\n".join(paras)
+    assert parts.join([m[-1].content.removeprefix("Fix it.\n\n") for m, _ in requests]) == "\n\n".join(paras)
 
 
 # --- a rewrite reviewed change by change ------------------------------------------------------------------
@@ -83,12 +87,116 @@ def test_a_review_starts_with_the_rewrite_and_gives_back_exactly_what_was_accept
 
 
 def test_the_review_knows_when_the_file_changed_on_disk(tmp_path: Path):
-    from specchat.service.documents import unchanged_since
+    from specchat.service.documents import open_document, unchanged_since
 
     doc = tmp_path / "notes.md"
-    doc.write_text(ORIGINAL)
-    assert unchanged_since(doc, ORIGINAL)
-    doc.write_text(ORIGINAL + "A line another editor added.\n")
-    assert not unchanged_since(doc, ORIGINAL)
+    doc.write_bytes(ORIGINAL.replace("\n", "\r\n").encode())
+    opened = open_document(doc)
+    assert unchanged_since(doc, opened)
+    doc.write_bytes(ORIGINAL.encode())  # another editor saved it with other line ends: the same text
+    assert not unchanged_since(doc, opened)
+    doc.write_bytes((ORIGINAL + "A line another editor added.\n").replace("\n", "\r\n").encode())
+    assert not unchanged_since(doc, opened)
     doc.unlink()
-    assert not unchanged_since(doc, ORIGINAL)
+    assert not unchanged_since(doc, opened)
+
+
+# --- a document written back as it was on disk, but for the accepted changes -------------------------------
+
+LINES = ["The cat sat on teh mat.", "It was happy.", "", "The dog barked loudly at night."]
+BOM8, BOM16LE, BOM16BE = b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff"
+FILES = {
+    "CRLF": "\r\n".join(LINES).encode() + b"\r\n",
+    "mixed ends": b"The cat sat on teh mat.\r\nIt was happy.\n\r\nThe dog barked loudly at night.\n",
+    "lone CR": "\r".join(LINES).encode() + b"\r",
+    "no final newline": "\n".join(LINES).encode(),
+    "CRLF, no final newline": "\r\n".join(LINES).encode(),
+    "trailing blank lines": "\n".join(LINES).encode() + b"\n\n\n",
+    "UTF-8 BOM": BOM8 + "\r\n".join(LINES).encode() + b"\r\n",
+    "UTF-16 LE BOM": BOM16LE + ("\r\n".join(LINES) + "\r\n").encode("utf-16-le"),
+    "UTF-16 BE BOM": BOM16BE + "\n".join(LINES).encode("utf-16-be"),
+    # A form feed and a line separator are a line's own characters in a text file, not line ends.
+    "form feed and U+2028": "Page one\x0cpage two ends teh line.\r\nOne\u2028line.\r\n".encode(),
+}
+
+
+@pytest.mark.parametrize("raw", FILES.values(), ids=FILES.keys())
+def test_rejecting_every_change_writes_the_file_back_byte_for_byte(tmp_path: Path, raw: bytes):
+    doc = tmp_path / "notes.md"
+    doc.write_bytes(raw)
+    document = open_document(doc)
+    assert "\r" not in document.text  # the model and the review see "\n" line ends
+    rewrite = document.text.replace("teh", "the").replace("loudly ", "").replace("\n\n", "\n").strip()
+    review = Review(document.text, rewrite)
+    assert review.changes
+    review.decide_all(False)
+    save(review.text, doc, document)
+    assert doc.read_bytes() == raw
+    out = save(review.text, output_path(doc), document)  # a new file beside it is written the same way
+    assert out.read_bytes() == raw
+
+
+def test_the_text_is_the_file_with_newline_line_ends_and_without_its_bom():
+    assert Document.decode(FILES["UTF-16 LE BOM"]).text == "\n".join(LINES) + "\n"
+    assert Document.decode(FILES["lone CR"]).text == "\n".join(LINES) + "\n"
+    assert Document.decode(FILES["form feed and U+2028"]).text == "Page one\x0cpage two ends teh line.\nOne\u2028line.\n"
+
+
+def test_accepting_one_change_in_a_crlf_file_changes_only_that_line(tmp_path: Path):
+    doc = tmp_path / "notes.md"
+    doc.write_bytes(FILES["CRLF"])
+    document = open_document(doc)
+    review = Review(document.text, "The cat sat on the mat.\nIt was very happy.\n\nThe dog barked at night.")
+    assert (review.changes[0].removed, review.changes[0].added) == ("teh", "the") and len(review.changes) == 3
+    review.decide_all(False)
+    review.decide(0, True)
+    save(review.text, doc, document)
+    assert doc.read_bytes() == FILES["CRLF"].replace(b"teh", b"the")
+
+
+def test_a_changed_line_keeps_the_end_of_the_line_it_replaces_and_a_new_line_gets_the_usual_one():
+    document = Document.decode(b"one\r\ntwo\nthree\r\nfour\r\n")
+    assert document.encode("one\nTWO\nthree\nfour\n") == b"one\r\nTWO\nthree\r\nfour\r\n"
+    assert document.encode("one\nTWO\nTHREE\nfour\n") == b"one\r\nTWO\nTHREE\r\nfour\r\n"  # one for one
+    assert document.encode("one\ntwo\nadded\nthree\nfour\n") == b"one\r\ntwo\nadded\r\nthree\r\nfour\r\n"
+    assert document.encode("one\ntwo\nthree\nfour") == b"one\r\ntwo\nthree\r\nfour"  # the end, as the text has it
+    # Lines that replace others which all ended alike end so too: here a line split in two, then two joined.
+    assert document.encode("one\ntwo, part one\npart two\nthree\nfour\n") == \
+        b"one\r\ntwo, part one\npart two\nthree\r\nfour\r\n"
+    assert document.encode("one\ntwo and three\nfour\n") == b"one\r\ntwo and three\r\nfour\r\n"
+    lone = Document.decode(b"a\rb\rc")
+    assert lone.encode("a\nb\nc\nd") == b"a\rb\rc\rd"
+
+
+def test_the_end_of_the_file_is_no_change_to_review():
+    for original in ["No final newline.", "One newline.\n", "Blank lines after.\n\n\n"]:
+        review = Review(original, "Rewritten.\n")  # a model's answer, with an end of its own
+        assert review.changes and not any("\n" in c.removed + c.added for c in review.changes)
+        assert review.text == "Rewritten." + original[len(original.rstrip("\n")):]
+        review.decide_all(False)
+        assert review.text == original
+
+
+def test_a_file_in_no_encoding_it_names_is_one_clear_line(tmp_path: Path):
+    doc = tmp_path / "latin1.txt"
+    doc.write_bytes("café\n".encode("latin-1"))
+    with pytest.raises(SpecchatError, match="is not UTF-8 text; convert it first"):
+        open_document(doc)
+    doc.write_bytes(BOM16LE + b"\x00\xd8")  # a lone surrogate
+    with pytest.raises(SpecchatError, match="is not UTF-16-LE text"):
+        open_document(doc)
+
+
+SPACED = "\n\n  Leading blank lines, and an indent.\n\n\n\nThree blank lines before this.\nA wrapped line.\n \t\n" \
+         "A long paragraph. Its sentences\nare cut where they end.  Two spaces before this one.\n\n\n"
+
+
+def test_a_document_in_parts_joins_back_with_its_own_spacing():
+    parts = split_paragraphs(SPACED, 8, words)
+    assert len(parts.texts) > 3 and "Its sentences\nare cut where they end." in parts.texts
+    assert all(part == part.strip() for part in parts.texts)  # the model is sent no spacing of the document's
+    assert parts.join(parts.texts) == SPACED
+    review = Review(SPACED, parts.join([part.upper() for part in parts.texts]))
+    assert all(c.removed.strip() and c.added.strip() for c in review.changes)  # the spacing is no change
+    review.decide_all(False)
+    assert review.text == SPACED

@@ -3,6 +3,10 @@ reject others, and save exactly those; an original changed on disk meanwhile is 
 
 from __future__ import annotations
 
+import os
+import stat
+
+import pytest
 from fakes import FakeBackend
 from pilot import make_app, until
 
@@ -60,3 +64,70 @@ async def test_an_original_changed_on_disk_is_not_overwritten_and_the_review_sti
         await pilot.press("ctrl+s")
         await until(pilot, lambda: (tmp_path / "notes.rewritten.md").exists(), "the save apart")
     assert (tmp_path / "notes.rewritten.md").read_text() == REWRITE + "\n"
+
+
+async def overwritten(pilot, app) -> None:
+    """Ctrl+W and y: the original overwritten with the review as it stands."""
+    await pilot.press("ctrl+w")
+    await until(pilot, lambda: app.screen.__class__.__name__ == "ConfirmScreen", "the confirmation")
+    await pilot.press("y")
+    await until(pilot, lambda: any("Overwrote" in n.message for n in app._notifications), "the overwrite")
+
+
+CRLF = ORIGINAL.replace("\n", "\r\n").encode()
+
+
+@pytest.mark.parametrize("linked", [False, True], ids=["file", "symlink"])
+async def test_rejecting_every_change_and_overwriting_leaves_the_file_exactly_as_it_was(tmp_path, linked):
+    (tmp_path / "docs").mkdir()
+    target = tmp_path / "docs" / "notes.md"
+    target.write_bytes(CRLF)
+    target.chmod(0o644)
+    doc = tmp_path / "docs" / "link.md" if linked else target
+    if linked:
+        doc.symlink_to(target.name)
+    app = make_app(tmp_path, FakeBackend(answer=REWRITE), rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        screen = await reviewed(pilot, app)
+        await pilot.press("alt+n")
+        await until(pilot, lambda: not any(screen.review.accepted), "every change rejected")
+        await overwritten(pilot, app)
+    assert target.read_bytes() == CRLF and stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert doc.is_symlink() == linked
+    assert sorted(os.listdir(tmp_path / "docs")) == ["link.md", "notes.md"] if linked else ["notes.md"]
+
+
+async def test_a_change_accepted_in_a_symlinked_crlf_document_changes_the_target_and_that_line(tmp_path):
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "notes.md"
+    target.write_bytes(CRLF)
+    target.chmod(0o644)
+    doc = tmp_path / "notes.md"
+    doc.symlink_to(target)
+    app = make_app(tmp_path, FakeBackend(answer=REWRITE), rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        screen = await reviewed(pilot, app)
+        await pilot.press("alt+n", "ctrl+y")  # reject them all, then accept the first ("teh" to "the")
+        await until(pilot, lambda: screen.review.accepted == [True, False, False], "the first accepted")
+        await overwritten(pilot, app)
+    assert doc.is_symlink() and doc.resolve() == target
+    assert target.read_bytes() == CRLF.replace(b"teh", b"the") and stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert os.listdir(tmp_path / "real") == ["notes.md"]
+
+
+async def test_a_document_the_user_may_not_write_is_refused_in_one_line_and_kept(tmp_path):
+    if os.name != "posix" or os.geteuid() == 0:
+        pytest.skip("root may write any file: a read-only document needs an ordinary user to refuse it")
+    doc = tmp_path / "notes.md"
+    doc.write_bytes(CRLF)
+    doc.chmod(0o444)
+    app = make_app(tmp_path, FakeBackend(answer=REWRITE), rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await reviewed(pilot, app)
+        await pilot.press("ctrl+w")
+        await until(pilot, lambda: app.screen.__class__.__name__ == "ConfirmScreen", "the confirmation")
+        await pilot.press("y")
+        await until(pilot, lambda: any("could not overwrite" in n.message for n in app._notifications), "the refusal")
+        [refusal] = [n.message for n in app._notifications if "could not overwrite" in n.message]
+        assert refusal == f"could not overwrite {doc}: Permission denied; it is unchanged"
+    assert doc.read_bytes() == CRLF and stat.S_IMODE(doc.stat().st_mode) == 0o444
