@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -89,6 +90,20 @@ def test_generate_offline_with_models_on_disk(smol_path, tmp_path):
     assert result.stdout.strip()
     stats = result.stderr.strip().splitlines()[-1]
     assert stats.startswith("[auto]") and "tokens/step" in stats
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("prompt, max_tokens", [("Say hello in five words.", 40), ("Write a short poem about the sea.", 12)])
+def test_a_plain_answer_of_any_length_shows_plain_speed(smol_path, tmp_path, prompt, max_tokens):
+    """The issue's figures: `generate --guesser none` showed 0.67x plain for "Say hello in five words." and
+    0.94x for a 17-token answer, the step that produced the end-of-generation token counted as a step and
+    not as a token. An answer that guessed nothing is plain decoding, however short, and ended either way."""
+    result = specchat("generate", prompt, "--target", str(smol_path), "--guesser", "none", "--temp", "0",
+                      "--max-tokens", str(max_tokens), env={"XDG_CACHE_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert " 1.00 tokens/step" in line and ("stop: eog" in line) == (max_tokens == 40), line
+    assert 0.98 <= float(re.search(r", ([\d.]+)x plain", line)[1]) <= 1.02, line
 
 
 @pytest.mark.real

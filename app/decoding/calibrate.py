@@ -68,11 +68,15 @@ class OtherLoad:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.contention = self.so_far()
+
+    def so_far(self) -> float | None:
+        """The cores other programs took since the block began (None: not known here)."""
         wall, busy, own = time.monotonic(), _busy_s(), _own_s()
         if busy is None or self._start[1] is None or wall <= self._start[0]:
-            return
+            return None
         others = max(0.0, (busy - self._start[1]) - (own - self._start[2])) / (wall - self._start[0])
-        self.contention = max(0.0, others - max(0, (os.cpu_count() or 1) - self.threads))
+        return max(0.0, others - max(0, (os.cpu_count() or 1) - self.threads))
 
 
 PROC_STAT = "/proc/stat"  # Linux's CPU time counters (a test points this at a file of its own)

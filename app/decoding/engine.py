@@ -111,7 +111,7 @@ class Engine:
             answer.append("".join(released))
             step = Step(tuple(tokens), answer[-1], drafted=len(r.proposal.tokens), accepted=len(r.kept),
                         draft_s=r.draft_s, verify_s=r.verify_s, guesser=r.proposal.guesser, rollback_s=r.rollback_s,
-                        sync_s=r.proposal.sync_s)
+                        sync_s=r.proposal.sync_s, ended=reason == "eog")
             self.guesser.observe(step.drafted, step.accepted, step.draft_s)
             stats = stats.add_step(step)
             yield step

@@ -50,6 +50,9 @@ class Step:
     guesser: str = "none"  # the guesser behind this step's guess: "none", "lookup", "draft" or "mtp"
     rollback_s: float = 0.0  # of verify_s: saving the state beforehand and rewinding after (0 on most models)
     sync_s: float = 0.0  # of draft_s: the draft's cache catching up with what earlier steps committed
+    # The step's last token was the end of generation: decoded like any other (plain decoding pays a step
+    # for it too), but not shown, so not among `tokens`.
+    ended: bool = False
     # A reasoning model's thinking among the released text: the conversation service splits it out, and
     # `text` is then the answer's part alone.
     thinking: str = ""
@@ -70,6 +73,13 @@ class Stats:
     # Wall-clock from the end of the prefill to the last step, set on Done: unlike decode_s it
     # includes the time the consumer (the app drawing, the CLI printing) held each step.
     wall_s: float = 0.0
+    ended: int = 0  # generations that ended on an end-of-generation token, which n_tokens leaves out
+
+    @property
+    def produced(self) -> int:
+        """Every token the target produced, the end-of-generation token included: what plain decoding would
+        spend a step on each of, and what the tokens per step count."""
+        return self.n_tokens + self.ended
 
     @property
     def decode_s(self) -> float:
@@ -86,7 +96,8 @@ class Stats:
 
     @property
     def tokens_per_step(self) -> float:
-        return self.n_tokens / self.steps if self.steps else 0.0
+        """Every token a step produced: a plain step makes one, the one that ends the answer included."""
+        return self.produced / self.steps if self.steps else 0.0
 
     @property
     def acceptance(self) -> float:
@@ -113,11 +124,22 @@ class Stats:
         return Stats(self.n_prompt, self.cached, self.prefill_s, self.n_tokens + len(step.tokens), self.steps + 1,
                      self.drafted + step.drafted, self.accepted + step.accepted,
                      self.rejections + (step.accepted < step.drafted),
-                     self.draft_s + step.draft_s, self.verify_s + step.verify_s, self.wall_s)
+                     self.draft_s + step.draft_s, self.verify_s + step.verify_s, self.wall_s,
+                     self.ended + step.ended)
+
+    def speedup(self, plain_s: float) -> float | None:
+        """Against plain decoding, where one plain step costs plain_s (None: not known): the seconds plain
+        decoding would have spent on every token produced, over the seconds these steps took. Every step
+        costs at least a plain step, so it can never be more than the tokens per step: a larger ratio is
+        noise, and is cut there."""
+        if not plain_s or not self.decode_s or not self.produced:
+            return None
+        return min(self.produced * plain_s / self.decode_s, max(1.0, self.tokens_per_step))
 
 
 ENGINE_FIGURES = "engine"  # Done.figures when the stats are the engine's own count of its steps
 BUSY_SLOWDOWN = 1.5  # steps this much slower than the machine's curve: something else was running
+BUSY_CONTENTION = 0.25  # or other programs took this many of the cores llama.cpp's threads needed
 
 
 @dataclass(frozen=True)
@@ -127,10 +149,12 @@ class Done:
     token_ids: tuple[int, ...]  # every generated token, the end-of-generation token included
     stats: Stats
     figures: str = ENGINE_FIGURES  # where `stats` come from (a server reports its own, or only a stream)
-    # One plain step's seconds under the same conditions (0: not known), and how much slower than usual
-    # the steps ran (the conversation service fills both in: the engine does not know the machine).
+    # One plain step's seconds under the same conditions (0: not known), how much slower than usual the
+    # steps ran, and the cores other programs took meanwhile (the conversation service fills them in: the
+    # engine does not know the machine).
     plain_s: float = 0.0
     slowdown: float = 1.0
+    contention: float = 0.0
     # A reasoning model's thinking, split out of `text` by the conversation service, and the tokens and
     # decode seconds it took (which `stats` count too: they count every token the model decoded).
     thinking: str = ""
@@ -143,16 +167,20 @@ class Done:
 
     @property
     def speedup(self) -> float | None:
-        """Against plain decoding under the same conditions. Every step costs at least a plain step, so
-        it can never be more than the tokens per step: a larger ratio is noise, and is cut there."""
-        if not self.plain_s or not self.stats.tokens_per_s:
-            return None
-        return min(self.stats.tokens_per_s * self.plain_s, max(1.0, self.stats.tokens_per_step))
+        """Against plain decoding under the same conditions (`Stats.speedup`)."""
+        return self.stats.speedup(self.plain_s)
 
     @property
     def busy(self) -> bool:
         """The machine was busy during the answer: its figures say more about the machine than the answer."""
-        return self.slowdown > BUSY_SLOWDOWN
+        return self.slowdown > BUSY_SLOWDOWN or self.contention > BUSY_CONTENTION
+
+    @property
+    def busy_why(self) -> str:
+        """Why the answer counts as busy, in words ("" where it does not)."""
+        if self.contention > BUSY_CONTENTION:
+            return f"other programs took {self.contention:.1f} of the cores it needed"
+        return f"steps {self.slowdown:.1f}x slower than usual" if self.busy else ""
 
 
 Event = Union[Prefill, Step, Done]

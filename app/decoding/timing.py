@@ -1,27 +1,37 @@
-"""Costs that hold when the machine is busy: robust estimates from repeated timings, and a curve
-learned from real steps.
+"""Costs that a busy moment cannot teach: what real steps say verifying n positions costs, learned answer
+by answer on top of a calibration.
 
-A timing taken while something else runs is slow, never fast: the machine's own cost is near the
-low end of what was seen, and a median or an average of the same timings is the interference. So a
-figure is a low quantile of a window of recent timings, and the curve through them is fitted so that
-it cannot go down as positions go up (verifying more never costs less).
+A timing taken while something else runs is slow, never fast, so each answer gives one figure per size
+it verified often enough: a low quantile of its own steps of that size. An answer the service judged busy
+gives none. One answer, or a few close together, may move a figure only a little from the calibration
+(MOVE): a busy moment that the judgement missed lasts one answer, or a few, and would otherwise own the
+figure and every later process that reads it. Only answers that agree, AGREE of them over at least
+AGREE_S, move it further (a machine that really is slower or faster than its calibration, a laptop on
+battery), and then to their median, which one stray answer cannot decide.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from specchat.decoding.policy import CostCurve
 
-WINDOW = 24  # recent timings kept per figure
-QUANTILE = 0.25  # low enough to leave out the steps that something else slowed down
-MIN_SEEN = 3  # timings a figure needs before it is trusted over the calibration
+WINDOW = 8  # answers kept per figure
+QUANTILE = 0.25  # of an answer's timings of one size: low enough to leave out the steps something slowed
+MIN_SEEN = 3  # timings of one size an answer needs to say what that size costs
+MOVE = 1.25  # the most a figure moves from the calibration until answers agree
+AGREE = 3  # answers that may move a figure further: their median, once they span AGREE_S
+AGREE_S = 300.0
+
+Seen = deque[tuple[float, float]]  # (when, seconds) of each answer that gave the figure, oldest first
 
 
-def low(values: list[float] | deque[float], quantile: float = QUANTILE) -> float:
+def low(values: Sequence[float], quantile: float = QUANTILE) -> float:
     """A robust low estimate of the machine's own cost among timings that interference can only slow."""
     return float(np.quantile(np.asarray(values, dtype=np.float64), quantile))
 
@@ -39,54 +49,63 @@ def non_decreasing(values: np.ndarray) -> np.ndarray:
     return np.concatenate([np.full(int(c), s / c) for s, c in blocks])
 
 
+def settled(prior: float, seen: Seen) -> float:
+    """What the answers say a figure is: their median, held within MOVE of the prior until AGREE answers
+    spanning AGREE_S say otherwise."""
+    if not seen:
+        return prior
+    median = statistics.median(seconds for _, seconds in seen)
+    whens = [when for when, _ in seen]
+    if len(seen) >= AGREE and max(whens) - min(whens) >= AGREE_S:
+        return median
+    return min(max(median, prior / MOVE), prior * MOVE)
+
+
 @dataclass
 class StepTimes:
-    """Timings of real steps: per number of positions verified, and per drafted token of each drafting
-    model. `curve(prior)` is the prior (a calibration) corrected by what the steps showed."""
+    """What quiet answers' real steps showed: per number of positions verified, and per drafted token of
+    each drafting model, one figure an answer. `curve(prior)` is the prior (a calibration) corrected by them."""
 
-    verify: dict[int, deque[float]] = field(default_factory=dict)
-    token: dict[str, deque[float]] = field(default_factory=dict)
-    steps: int = 0
+    verify: dict[int, Seen] = field(default_factory=dict)
+    token: dict[str, Seen] = field(default_factory=dict)
+    answers: int = 0
 
-    def add_verify(self, n: int, seconds: float) -> None:
-        if n >= 1 and seconds > 0:
-            self.verify.setdefault(n, deque(maxlen=WINDOW)).append(seconds)
-            self.steps += 1
+    def add_answer(self, verify: Mapping[int, Sequence[float]], token: Mapping[str, Sequence[float]],
+                   when: float) -> None:
+        """One answer's timings (seconds per step by positions; seconds per drafted token by drafter)."""
+        for table, timings in ((self.verify, verify), (self.token, token)):
+            for key, times in timings.items():
+                times = [t for t in times if t > 0]
+                if len(times) >= MIN_SEEN:
+                    table.setdefault(key, deque(maxlen=WINDOW)).append((when, low(times)))  # type: ignore[index]
+        self.answers += 1
 
-    def add_token(self, drafter: str, tokens: int, seconds: float) -> None:
-        if tokens > 0 and seconds > 0:
-            self.token.setdefault(drafter, deque(maxlen=WINDOW)).append(seconds / tokens)
-
-    def seen(self) -> dict[int, float]:
-        """The robust figure of every n seen often enough."""
-        return {n: low(times) for n, times in self.verify.items() if len(times) >= MIN_SEEN}
+    def seen(self) -> dict[int, int]:
+        """How many answers gave each size's figure."""
+        return {n: len(seen) for n, seen in self.verify.items() if seen}
 
     def curve(self, prior: CostCurve) -> CostCurve:
-        """The prior where no steps were seen, the steps where they were. Points not seen move with
-        the seen ones (a machine that is slower than its calibration is slower at every n), then the
-        whole is made non-decreasing."""
-        seen = self.seen()
+        """The prior where no answer gave a figure, the answers' figures where they did. Points not seen move
+        with the seen ones (a machine slower than its calibration is slower at every n), then the whole is
+        made non-decreasing."""
         size = len(prior.verify_s)
         points = np.asarray(prior.verify_s, dtype=np.float64)
-        if seen:
-            scale = float(np.median([t / points[n - 1] for n, t in seen.items() if n <= size]))
-            points = points * scale
-            for n, t in seen.items():
-                if n <= size:
-                    points[n - 1] = t
-        tokens = {name: low(times) for name, times in self.token.items() if len(times) >= MIN_SEEN}
-        return CostCurve(non_decreasing(points).tolist(), tokens.get("draft", prior.draft_s),
-                         mtp_s=tokens.get("mtp", prior.mtp_s), rollback=prior.rollback)
+        figures = {n: settled(float(points[n - 1]), seen) for n, seen in self.verify.items() if n <= size and seen}
+        if figures:
+            points = points * float(np.median([t / points[n - 1] for n, t in figures.items()]))
+            for n, t in figures.items():
+                points[n - 1] = t
+        return CostCurve(non_decreasing(points).tolist(), settled(prior.draft_s, self.token.get("draft", deque())),
+                         mtp_s=settled(prior.mtp_s, self.token.get("mtp", deque())), rollback=prior.rollback)
 
     def to_json(self) -> dict:
-        return {"verify": {str(n): list(t) for n, t in self.verify.items()},
-                "token": {name: list(t) for name, t in self.token.items()}, "steps": self.steps}
+        return {"verify": {str(n): [list(x) for x in seen] for n, seen in self.verify.items()},
+                "token": {name: [list(x) for x in seen] for name, seen in self.token.items()}, "answers": self.answers}
 
     @classmethod
     def from_json(cls, data: dict) -> StepTimes:
-        times = cls(steps=int(data.get("steps", 0)))
-        for n, values in (data.get("verify") or {}).items():
-            times.verify[int(n)] = deque((float(v) for v in values), maxlen=WINDOW)
-        for name, values in (data.get("token") or {}).items():
-            times.token[str(name)] = deque((float(v) for v in values), maxlen=WINDOW)
+        times = cls(answers=int(data.get("answers", 0)))
+        for table, stored, key in ((times.verify, data.get("verify"), int), (times.token, data.get("token"), str)):
+            for name, values in (stored or {}).items():
+                table[key(name)] = deque(((float(w), float(s)) for w, s in values), maxlen=WINDOW)  # type: ignore[index]
         return times

@@ -12,6 +12,7 @@ import json
 import threading
 from typing import Any, Iterator, Mapping, Sequence
 
+from specchat.decoding.calibrate import OtherLoad
 from specchat.decoding.engine import Engine, GenerationConfig
 from specchat.decoding.events import Done, Event, Stats, Step
 from specchat.decoding.guessers import REGISTRY, Guesser, Inputs, available, build, unavailable
@@ -159,24 +160,25 @@ class ChatService:
             turns.release()
 
     def _timed(self, events: Iterator[Event], learn: bool) -> Iterator[Event]:
-        """The engine's events, its steps teaching the pair's costs (not with a seed: a seeded answer
-        repeats in a fresh process only if its timings leave the cached curve alone) and its Done told
-        what plain decoding costs now and whether the machine was busy."""
+        """The engine's events, its Done told what plain decoding costs now and whether the machine was busy
+        (steps slower than the curve says, or other programs on the cores meanwhile), and a quiet answer's
+        steps teaching the pair's costs (not with a seed: a seeded answer repeats in a fresh process only if
+        its timings leave the cached curve alone)."""
         costs = self.pair.costs if self.pair.costs.calibration is not None else None
         if costs is None:  # no curve was ever needed (plain decoding): nothing to judge by
             yield from events
             return
         before, steps = costs.curve.copy(), []
-        for event in events:
-            if isinstance(event, Step):
-                steps.append(event)
-                if learn:
-                    costs.observe(event)
-            elif isinstance(event, Done):
-                event = costs.judge(event, steps, before)
-                if learn:
-                    costs.save()
-            yield event
+        with OtherLoad(self.target.n_threads) as load:
+            for event in events:
+                if isinstance(event, Step):
+                    steps.append(event)
+                elif isinstance(event, Done):
+                    event = costs.judge(event, steps, before, load.so_far())
+                    if learn and not event.busy:
+                        costs.learn(steps)
+                        costs.save()
+                yield event
 
     def _guesser(self, name: str, continued: bool) -> Guesser:
         # A conversation that goes on keeps its guessers: auto carries what it learned of this text

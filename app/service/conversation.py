@@ -47,8 +47,7 @@ def against_plain(done: Done) -> str:
     when the machine was busy while it was written."""
     if done.speedup is None:
         return ""
-    return f"{done.speedup:.2f}x plain" + (
-        f" (uncertain: the machine was busy, steps {done.slowdown:.1f}x slower than usual)" if done.busy else "")
+    return f"{done.speedup:.2f}x plain" + (f" (uncertain: the machine was busy, {done.busy_why})" if done.busy else "")
 
 
 def attach(text: str, files: Sequence[tuple[Path, str]]) -> str:

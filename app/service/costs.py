@@ -2,10 +2,11 @@
 
 `PairCosts` holds what auto decides with and what the speedup divides by: a calibration (measured
 once, checked, cached per model file, backend and thread count), corrected by what the real steps of
-every generation showed, which is saved too, so that the cache converges to the machine's real
-figures and a bad first measurement heals within the first answer, in this process and the next. A
-calibration that failed its checks is not trusted: auto decides on a curve that never guesses until
-one passes, which is tried again at the next load.
+quiet answers showed (`specchat.decoding.timing`), which is saved too, so that the cache converges to
+the machine's real figures, in this process and the next, and an answer while the machine was busy
+teaches nothing. A calibration that failed its checks is not trusted: auto decides on a curve that never
+guesses until one passes, which is tried again at the next load. The speedup divides by plain steps
+measured as such, which a wrong figure in the curve cannot bend.
 
 `Turns` makes answers take turns across processes: two specchat processes decoding at once on the
 same cores would each run at a fraction of their speed (llama.cpp's threads spin while they wait),
@@ -17,8 +18,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import defaultdict, deque
 from dataclasses import asdict, replace
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from filelock import FileLock, Timeout
@@ -26,13 +28,17 @@ from filelock import FileLock, Timeout
 from specchat.decoding.calibrate import MAX_POSITIONS, Calibration, conservative, measure_curve
 from specchat.decoding.events import Done, Step
 from specchat.decoding.policy import CostCurve, Rollback
-from specchat.decoding.timing import StepTimes
+from specchat.decoding.timing import AGREE, AGREE_S, MIN_SEEN, MOVE, StepTimes
 from specchat.llama.model import Model
 from specchat.llama.mtp import MtpHead
 from specchat.store.files import cache_file, read_cache, update_cache
 
 COSTS = "costs.json"  # this machine's cost curves, in the user cache dir
 _FORMAT = "v2"  # the cache's entries; older ones (unchecked measurements) are measured again
+# The steps an answer's speedup is measured against, when it had too few plain steps of its own: the last
+# quiet answers' plain steps, at most this many and this old.
+PLAIN_STEPS = 16
+RECENT_S = 120.0
 
 
 class PairCosts:
@@ -45,6 +51,7 @@ class PairCosts:
         self.calibration: Calibration | None = None
         self.learned = StepTimes()
         self.curve = CostCurve([0.0] * MAX_POSITIONS)  # one object, updated in place: guessers keep it
+        self.plain: deque[tuple[float, float]] = deque(maxlen=PLAIN_STEPS)  # quiet plain steps: (monotonic, s)
         self._lock = threading.Lock()
 
     # --- the calibration -------------------------------------------------------------------
@@ -57,7 +64,8 @@ class PairCosts:
         entry = read_cache(cache_file(COSTS)).get(self.key) or {}
         if self.calibration is None or fresh:
             self.calibration = None if fresh else _calibration(entry.get("calibration"))
-            self.learned = StepTimes() if fresh else StepTimes.from_json(entry.get("learned") or {})
+            # "evidence": what answers taught, a figure an answer ("learned", before, held single steps).
+            self.learned = StepTimes() if fresh else StepTimes.from_json(entry.get("evidence") or {})
             if self.calibration is None or not self.calibration.trusted:
                 # Measured with the machine to itself: another specchat's answer would poison it.
                 if measuring is not None:
@@ -83,14 +91,22 @@ class PairCosts:
 
     # --- learning from real steps ------------------------------------------------------------
 
-    def observe(self, step: Step) -> None:
-        """A real step's timings: the verification alone (what a rollback cost is the calibration's), and
-        each drafted token of a drafting model (without its catching up with earlier steps, which after a
-        run of lookup steps would make a draft look slower per token than it is)."""
+    def learn(self, steps: Sequence[Step], when: float | None = None) -> None:
+        """A quiet answer's steps (one that `judge` found busy teaches nothing): what verifying each number
+        of positions cost (the verification alone: what a rollback costs is the calibration's), what each
+        drafted token of a drafting model cost (without its catching up with earlier steps, which after a
+        run of lookup steps would make a draft look slower per token than it is), and its plain steps, the
+        reference the next answers' speedups are measured against."""
+        verify: dict[int, list[float]] = defaultdict(list)
+        token: dict[str, list[float]] = defaultdict(list)
+        for s in steps:
+            verify[s.drafted + 1].append(s.verify_s - s.rollback_s)
+            if s.drafted and s.guesser in ("draft", "mtp"):
+                token[s.guesser].append((s.draft_s - s.sync_s) / s.drafted)
+        now = time.monotonic()
         with self._lock:
-            self.learned.add_verify(step.drafted + 1, step.verify_s - step.rollback_s)
-            if step.drafted and step.guesser in ("draft", "mtp"):
-                self.learned.add_token(step.guesser, step.drafted, step.draft_s - step.sync_s)
+            self.plain.extend((now, seconds) for seconds in verify.get(1, ()))
+            self.learned.add_answer(verify, token, time.time() if when is None else when)
             self._refit()
 
     def _refit(self) -> None:
@@ -98,20 +114,28 @@ class PairCosts:
         self.curve.verify_s[:] = fitted.verify_s
         self.curve.draft_s, self.curve.mtp_s, self.curve.rollback = fitted.draft_s, fitted.mtp_s, fitted.rollback
 
-    def judge(self, done: Done, steps: list[Step], before: CostCurve) -> Done:
-        """The answer's speedup, against plain decoding at the same moments, and whether the machine was busy
-        (steps much slower than the curve said).
+    def plain_step(self, own: Sequence[float] = ()) -> float | None:
+        """One plain step's seconds now, from plain steps measured as such, never from the curve (which a
+        wrong figure would bend along with what it judges): an answer's own plain steps where it had
+        MIN_SEEN, else with them the last quiet answers' of the last RECENT_S. None: none were seen."""
+        if len(own) >= MIN_SEEN:
+            return float(np.mean(own))
+        now = time.monotonic()
+        recent = [*own, *(seconds for at, seconds in reversed(self.plain) if now - at <= RECENT_S)][:PLAIN_STEPS]
+        return float(np.mean(recent)) if recent else None
 
-        Plain decoding's step time is the mean, over the answer's steps, of what a plain step cost at each:
-        a plain step's own time, and a guessing step's time scaled by the curve's plain-to-n ratio. A mean
-        against a mean: an answer of plain steps shows exactly 1.00x however its step times vary, where a
-        low quantile of the same steps (right for a cost to plan with) made it look slower than itself."""
+    def judge(self, done: Done, steps: Sequence[Step], before: CostCurve, contention: float | None = None) -> Done:
+        """The answer's speedup, against plain decoding at the same moments, and whether the machine was busy:
+        steps much slower than the curve said, or other programs on the cores llama.cpp's threads needed
+        (`contention`, measured over the answer). Plain decoding's step is `plain_step` of the answer's own
+        plain steps: a mean against a mean, so that an answer of plain steps shows exactly 1.00x however its
+        step times vary; the curve's one position only where no plain step was seen."""
         if not steps:
             return done
-        # Each step against what the curve says it should cost: scaled to one position, its plain equivalent.
         ratios = [(s.verify_s - s.rollback_s) / float(before.verify(s.drafted + 1)) for s in steps]
-        slowdown = float(sorted(ratios)[len(ratios) // 2])
-        return replace(done, plain_s=float(np.mean(ratios)) * float(before.verify(1)), slowdown=slowdown)
+        plain_s = self.plain_step([s.verify_s for s in steps if not s.drafted])
+        return replace(done, plain_s=plain_s or float(before.verify(1)), slowdown=float(np.median(ratios)),
+                       contention=contention or 0.0)
 
     # --- keeping it ----------------------------------------------------------------------------
 
@@ -125,7 +149,7 @@ class PairCosts:
                             "rollback": asdict(c.curve.rollback) if c.curve.rollback else None,
                             "trusted": c.trusted, "problem": c.problem, "contention": c.contention,
                             "spread": c.spread, "measured_at": c.measured_at},
-            "learned": self.learned.to_json(), "learned_at": time.time()})
+            "evidence": self.learned.to_json(), "learned_at": time.time()})
 
     def provenance(self) -> list[str]:
         """Where each figure comes from, for `specchat costs`."""
@@ -139,9 +163,10 @@ class PairCosts:
             lines.append("  not cached: the next start measures again; until one passes, auto decodes plainly "
                          "(it cannot lose to plain decoding)")
         seen = self.learned.seen()
-        lines.append(f"learned from {self.learned.steps} real steps: positions "
-                     f"{', '.join(str(n) for n in sorted(seen)) or 'none yet'} (at least 3 steps each) replace the "
-                     "calibration's figures; the rest move with them")
+        lines.append(f"learned from {self.learned.answers} quiet answers: positions "
+                     f"{', '.join(f'{n} ({k})' for n, k in sorted(seen.items())) or 'none yet'} (answers that gave each "
+                     f"figure) correct the calibration's figures, the rest move with them; within {MOVE:.2f}x of it until "
+                     f"{AGREE} answers at least {AGREE_S / 60:.0f} minutes apart agree")
         return lines
 
 

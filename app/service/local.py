@@ -111,14 +111,14 @@ class LocalBackend:
         return self.service.n_ctx
 
     def baseline(self) -> Baseline:
-        """Plain decoding now: the live curve's one position, which real steps keep current."""
+        """Plain decoding now: the last quiet answers' plain steps, else the curve's one position."""
         if self._service is None or self._service.pair.costs.calibration is None:
             return Baseline(None, "not measured yet")
         costs = self._service.pair.costs
-        one = float(costs.curve.verify(1))
-        learned = len(costs.learned.verify.get(1, ()))
+        plain = costs.plain_step()
+        one = plain or float(costs.curve.verify(1))
         return Baseline(1 / one, f"one plain step on this machine now, {1000 * one:.0f} ms"
-                        + (f" (from its last {learned} plain steps)" if learned >= 3 else " (as measured)"))
+                        + (" (the last answers' plain steps)" if plain else " (as measured)"))
 
     def count_tokens(self, text: str) -> int:
         return self.service.count_tokens(text)

@@ -185,7 +185,8 @@ class StatsPanel(Vertical):
         self.model, self.baseline, self.guesser = model, baseline, guesser
         self.figures = ""  # where the numbers come from, when not from the engine's own steps
         self.reported = Stats()  # what servers reported for the answers since the reset
-        self.done: Done | None = None  # the last answer's end, with what plain decoding cost meanwhile
+        self.parts: list[Done] = []  # every answer that ended since the reset (a rewrite's parts), with what
+        # plain decoding cost meanwhile
         self.steps: list[Step] = []
         self.chunks = 0
         self.totals = Stats()  # kept as pieces arrive, so a redraw does not re-add them all
@@ -228,21 +229,23 @@ class StatsPanel(Vertical):
             # Rewrite mode shows the parts of one document together: what the server reported adds up.
             self.reported = done.stats if self.figures in ("", STREAMING) else self.reported.plus(done.stats)
             self.totals, self.figures = self.reported, done.figures
-        self.done = done
+        self.parts.append(done)
         self._show()
 
+    def plain_s(self) -> float:
+        """One plain step's seconds for every token shown since the reset, on average: each answer that ended
+        at the plain steps of its own moments, what still streams at the baseline (0: not known)."""
+        t, base = self.totals, 1 / self.baseline.tokens_per_s if self.baseline and self.baseline.tokens_per_s else 0.0
+        if not t.produced:
+            return 0.0
+        streaming = t.produced - sum(d.stats.produced for d in self.parts)
+        seconds = sum(d.stats.produced * (d.plain_s or base) for d in self.parts) + max(0, streaming) * base
+        return seconds / t.produced
+
     def speedup(self) -> tuple[float | None, bool]:
-        """Against plain decoding, and whether the machine was busy (the figure is then uncertain). At an
-        answer's end, plain decoding under the same conditions; while it streams, the baseline. Never
-        more than the tokens per step allow: every step costs at least a plain step."""
-        t = self.totals
-        if self.done is not None and self.done.plain_s and t.tokens_per_s:
-            plain_s = self.done.plain_s
-        elif self.baseline is not None and self.baseline.tokens_per_s and t.n_tokens:
-            plain_s = 1 / self.baseline.tokens_per_s
-        else:
-            return None, False
-        return min(t.tokens_per_s * plain_s, max(1.0, t.tokens_per_step)), self.done is not None and self.done.busy
+        """Against plain decoding (`Stats.speedup`), and whether the machine was busy during any of the
+        answers (the figure is then uncertain)."""
+        return self.totals.speedup(self.plain_s()), any(d.busy for d in self.parts)
 
     def _show(self) -> None:
         self._shown_at = time.monotonic()
@@ -264,8 +267,8 @@ class StatsPanel(Vertical):
             "steps     " + ", ".join(f"{n} {src}" for src, n in Counter(s.guesser for s in steps).most_common())
             if steps else f"chunks    {self.chunks:6d}" if self.chunks else "steps          –",
             (f"speedup   {speedup:6.2f}x" + (" ?" if busy else "")) if speedup is not None else "speedup        –",
-            *([f"          uncertain: this machine was busy (steps {self.done.slowdown:.1f}x slower than usual)"]
-              if busy and self.done is not None else []),
+            *([f"          uncertain: this machine was busy ({next(d.busy_why for d in self.parts if d.busy)})"]
+              if busy else []),
         ]
         self.query_one("#numbers", Static).update("\n".join(lines))
         # The last steps that fit, on a fixed scale: none yet is an empty chart, not a full one.
@@ -278,9 +281,9 @@ class StatsPanel(Vertical):
         top = max(runs.values(), default=1)
         self.query_one("#runs", Static).update(
             "\n".join(f"{k:2d} {'█' * max(1, round(12 * v / top))} {v}" for k, v in sorted(runs.items())) or "–")
-        if self.done is not None and self.done.plain_s and speedup is not None:
+        if self.parts and all(d.plain_s for d in self.parts) and speedup is not None:
             # What the speedup above was divided by, not the estimate it replaced when the answer ended.
-            how = f"baseline {1 / self.done.plain_s:.1f} tok/s: plain steps at this answer's moments"
+            how = f"baseline {1 / self.plain_s():.1f} tok/s: plain steps at this answer's moments"
         else:
             how = "baseline: not measured yet" if self.baseline is None else \
                 f"baseline {base:.1f} tok/s: {self.baseline.how}" if base else f"baseline: {self.baseline.how}"

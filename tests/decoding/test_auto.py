@@ -314,3 +314,22 @@ def test_the_account_prices_each_step_by_the_curve_under_a_seed():
     assert account.gained == pytest.approx(3 * float(CPU.verify(1)) - float(CPU.verify(3)))
     account.start()
     assert account.gained == 0 and account.total_gained == pytest.approx(3 * CPU.verify_s[0] - CPU.verify_s[2])
+
+
+def test_auto_takes_a_plain_step_when_it_has_gone_long_without_one():
+    """A long, sure copy would guess at every step; a plain step every PLAIN_EVERY keeps what plain decoding
+    costs now measured (the speedup's baseline), and loses a step's extra tokens at most."""
+    from specchat.decoding.guessers.auto import PLAIN_EVERY
+
+    auto = AutoGuesser(CostCurve(list(GPU.verify_s), GPU.draft_s))
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    text = list(range(10, 1200))
+    context = text + text[:4]  # the answer copies the prompt, and every guess holds
+    auto.prepare(context)
+    plain = []
+    for n in range(3 * PLAIN_EVERY):
+        proposal = auto.propose(context, 4, greedy, rng)
+        plain += [n] if not proposal.tokens else []
+        auto.observe(len(proposal.tokens), len(proposal.tokens), 0.0)
+        context += proposal.tokens + [text[len(context) - len(text) + len(proposal.tokens)]]
+    assert plain == [PLAIN_EVERY, 2 * PLAIN_EVERY + 1]

@@ -26,6 +26,12 @@ if TYPE_CHECKING:
     from specchat.decoding.history import HistoryIndex
 
 
+# A plain step never loses to plain decoding, and it is what every speedup is measured against: auto takes
+# one when it has gone this many steps without, so that what plain decoding costs now is always measured,
+# whatever the curve says (at a step's cost in a long copy: 1-2% of a rewrite's tokens).
+PLAIN_EVERY = 64
+
+
 class Drafter(Protocol):
     """What auto needs of a guesser that drafts token by token (DraftGuesser, MtpGuesser)."""
 
@@ -85,6 +91,7 @@ class AutoGuesser(BaseGuesser):
         # What guessing has gained or lost against plain decoding: no guess may risk more than it allows.
         self.account = LossAccount()
         self._timed = True  # the account counts the drafters' real time (not under a seed: by the curve)
+        self._since_plain = 0  # steps since the last plain one
         for name, drafter in self.drafters.items():
             drafter.keep_going = lambda confidences, name=name: keep_drafting(
                 confidences, self.curve, self.curve.token_s(name))
@@ -191,6 +198,8 @@ class AutoGuesser(BaseGuesser):
         if drafter is not None:
             name, n = drafter
             self._last, self._tree = (name, 0, "far", 0), None
+        if self._since_plain >= PLAIN_EVERY:  # what plain decoding costs now is measured, not assumed
+            choice, drafter, self._last, self._tree = Proposal.empty(), None, ("none", 0, "far", 0), None
         sent = {source for source, _, _ in self._tree[1]} if self._tree is not None else {self._last}
         self._unsent = (len(context), [(source, found) for source, found in found_copies if source not in sent])
         return self.drafters[drafter[0]].propose(context, drafter[1], sampling, rng) if drafter else choice
@@ -273,6 +282,7 @@ class AutoGuesser(BaseGuesser):
         source = self._last[0]
         drafting = (draft_s if self._timed else drafted * self.curve.token_s(source)) if source in self.drafters else 0.0
         self.account.settle(accepted + 1, self.curve.spent_s(drafted, accepted, drafting), float(self.curve.verify(1)))
+        self._since_plain = 0 if not drafted else self._since_plain + 1
         self._learn(drafted, accepted)
 
     def _learn(self, drafted: int, accepted: int) -> None:
