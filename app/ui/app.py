@@ -148,18 +148,23 @@ class SpecchatApp(App[None]):
 
     @on(BackendProgress)
     def _backend_progress(self, message: BackendProgress) -> None:
-        bar = self.chat.query_one("#progress", ProgressBar)
-        bar.display = message.done < message.total
-        # Steps without a size (loading, measuring) show as an indeterminate bar with what is happening.
-        bar.update(total=message.total if message.total > 1 else None, progress=message.done)
+        self._progress(message.done, message.total)
         self.chat.status(message.what + ("…" if message.done < message.total else ""))
+
+    def _progress(self, done: float, total: float) -> None:
+        """The bar under the chat while models load. Steps without a size (loading, measuring) show as an
+        indeterminate bar, which animates; once hidden it is made still, as its animation would go on drawing
+        the screen 15 times a second for the rest of the session, each time a frame the decoding pays for."""
+        bar = self.chat.query_one("#progress", ProgressBar)
+        bar.display = done < total
+        bar.update(total=(total if total > 1 else None) if bar.display else 1, progress=done if bar.display else 1)
 
     @on(BackendFailed)
     def _backend_failed(self, message: BackendFailed) -> None:
         self.fail(message.message)
 
     def fail(self, message: str) -> None:
-        self.chat.query_one("#progress").display = False
+        self._progress(1, 1)
         self.chat.status(f"error: {message}")
         self.push_screen(ErrorScreen(message))
 
@@ -172,7 +177,7 @@ class SpecchatApp(App[None]):
             if not backend.warnings:  # which otherwise say what was left out (the status line names auto)
                 self.notify(instead, severity="warning", timeout=20)
             self.settings = replace(self.settings, guesser=guesser)
-        self.chat.query_one("#progress").display = False
+        self._progress(1, 1)
         for warning in backend.warnings:  # e.g. the draft failed to load: lookup and plain decoding still work
             self.notify(warning, severity="warning", timeout=20)
         only = " · lookup and plain decoding only (see the notice)" if backend.warnings and backend.draft is None \

@@ -21,7 +21,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message as TMessage
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer, Header, ProgressBar, Static, TextArea
+from textual.widgets import Header, ProgressBar, Static, TextArea
 from textual.widgets.markdown import MarkdownFence
 
 from specchat.decoding.events import ENGINE_FIGURES
@@ -33,6 +33,7 @@ from specchat.service.conversation import ConversationController, thinking_line
 from specchat.service.documents import read_document
 from specchat.store.conversations import StoredMessage
 from specchat.ui.conversations import ConversationList
+from specchat.ui.keyline import KeyLine
 from specchat.ui.screens import ConfirmScreen, PromptScreen
 from specchat.ui.streaming import GenerationBatch, Pump
 from specchat.ui.widgets import MessageView, StatsPanel, code_blocks
@@ -120,6 +121,11 @@ class ChatScreen(Screen[None]):
     busy: reactive[bool] = reactive(False, bindings=True)
     """An answer is streaming."""
 
+    def watch_busy(self, busy: bool) -> None:
+        # A blinking cursor draws the screen twice a second: while an answer streams, each of those frames
+        # is time the decoding loses, so the message box's cursor holds still until the answer ends.
+        self.query_one(ChatInput).cursor_blink = not busy
+
     def __init__(self) -> None:
         super().__init__()
         self.conversation: ConversationController | None = None
@@ -167,7 +173,7 @@ class ChatScreen(Screen[None]):
                 yield ChatInput(id="input", placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: newline)")
                 yield Static("", id="context-meter")
             yield StatsPanel(id="stats")
-        yield Footer()
+        yield KeyLine()
 
     def on_mount(self) -> None:
         self.query_one("#chat", VerticalScroll).anchor()

@@ -15,18 +15,17 @@ from textual.app import ComposeResult
 from textual.command import Hit, Hits, Provider
 from textual.containers import Vertical
 from textual.message import Message as TMessage
-from textual.widgets import Input, Label, ListItem, ListView
+from textual.widgets import Input, Label, OptionList
+from textual.widgets.option_list import Option
 
-from specchat.store.conversations import Store
+from specchat.store.conversations import Conversation, Store
 
 
-class ConversationItem(ListItem):
-    # No DOM id: the list is cleared and refilled, and a cleared item is removed only later,
-    # so a quick second refresh would otherwise collide with ids still in the tree.
-    def __init__(self, conversation_id: int, title: str, server: str | None = None) -> None:
-        # A conversation answered by a remote server says which, under its title.
-        super().__init__(Label(Text.assemble(title, ("\n⇄ " + urlsplit(server).netloc, "dim")) if server else title))
-        self.conversation_id = conversation_id
+def _entry(conversation: Conversation) -> Option:
+    """A conversation's line in the list: its title and, for one a remote server answered, which one."""
+    server = conversation.server
+    title = Text.assemble(conversation.title, ("\n⇄ " + urlsplit(server).netloc, "dim")) if server else conversation.title
+    return Option(title, id=str(conversation.id))
 
 
 class ConversationList(Vertical):
@@ -47,7 +46,10 @@ class ConversationList(Vertical):
     def compose(self) -> ComposeResult:
         yield Label("Conversations", classes="title")
         yield Input(placeholder="Search (Ctrl+F)", id="search")
-        yield ListView(id="conversations")
+        # One widget that draws the lines it shows, not a widget per conversation: every layout of the screen
+        # (several a second while an answer streams) arranges each widget, and a user's hundreds of
+        # conversations made that a third of a core, taken from the decoding the app exists to show.
+        yield OptionList(id="conversations")
 
     def on_mount(self) -> None:
         self.refresh_list()
@@ -55,19 +57,23 @@ class ConversationList(Vertical):
     def refresh_list(self) -> None:
         """Read the list again (a conversation was added, renamed, deleted or answered)."""
         query = self.query_one("#search", Input).value.strip()
-        view = self.query_one("#conversations", ListView)
-        view.clear()
-        for conv in self.store.search(query) if query else self.store.conversations():
-            view.append(ConversationItem(conv.id, conv.title, conv.server))
+        view = self.query_one("#conversations", OptionList)
+        view.set_options(_entry(c) for c in (self.store.search(query) if query else self.store.conversations()))
+
+    @property
+    def listed(self) -> list[int]:
+        """The conversations in the list, in its order."""
+        view = self.query_one("#conversations", OptionList)
+        return [int(option.id) for option in view.options if option.id is not None]
 
     def focus_search(self) -> None:
         self.query_one("#search", Input).focus()
 
-    @on(ListView.Selected, "#conversations")
-    def _selected(self, event: ListView.Selected) -> None:
+    @on(OptionList.OptionSelected, "#conversations")
+    def _selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
-        if isinstance(event.item, ConversationItem):
-            self.post_message(self.Chosen(event.item.conversation_id, self.query_one("#search", Input).value.strip()))
+        if event.option.id is not None:
+            self.post_message(self.Chosen(int(event.option.id), self.query_one("#search", Input).value.strip()))
 
     @on(Input.Changed, "#search")
     def _search(self, event: Input.Changed) -> None:

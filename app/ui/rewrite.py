@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message as TMessage
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Input, Label, Select, Static, TextArea
+from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
 from specchat.decoding.engine import GenerationConfig
 from specchat.errors import SpecchatError
@@ -23,6 +23,7 @@ from specchat.service.backend import Backend
 from specchat.service.choices import generation
 from specchat.service.documents import PRESETS, Parts, Review, open_document, output_path, rewrite_requests, save, unchanged_since
 from specchat.service.settings import Settings
+from specchat.ui.keyline import KeyLine
 from specchat.ui.screens import ConfirmScreen
 from specchat.ui.streaming import GenerationBatch, Pump
 from specchat.ui.widgets import StatsPanel
@@ -91,7 +92,7 @@ class RewriteScreen(Screen[None]):
                 yield VerticalScroll(Static("", id="diff"), id="diff-pane")
                 yield Static("", id="rewrite-status")
             yield StatsPanel(id="rewrite-stats")
-        yield Footer()
+        yield KeyLine()
 
     def on_mount(self) -> None:
         self.query_one("#custom").display = False

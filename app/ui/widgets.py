@@ -7,9 +7,11 @@ from collections import Counter
 from dataclasses import replace
 
 from markdown_it import MarkdownIt
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.content import Content
 from textual.widgets import Collapsible, Markdown, Static
 
 from specchat.decoding.events import ENGINE_FIGURES, Done, Source, Stats, Step
@@ -48,6 +50,27 @@ def code_blocks(markdown: str) -> list[tuple[str, str]]:
             if token.type in ("fence", "code_block")]
 
 
+class _Paragraph(Markdown.BLOCKS["paragraph_open"]):  # type: ignore[misc,valid-type]
+    """A paragraph that has the screen laid out again only when its height changes. Textual's asks for that
+    at every update, and an answer streams into its last paragraph several times a second: each layout
+    arranges every widget on the screen, every message of the conversation included, so that its cost grew
+    with the conversation (twice as much after 20 turns), all of it time the decoding loses on a small CPU.
+    A line wraps about every 20 tokens: most updates only draw the paragraph again."""
+
+    def set_content(self, content: Content) -> None:
+        self._content = content
+        width, height = self.content_size.width, self.content_size.height
+        self.update(content, layout=False)
+        if not width or self.get_content_height(self.content_size, self.app.size, width) != height:
+            self.refresh(layout=True)
+
+
+class _Body(Markdown):
+    """A message's Markdown, its paragraphs drawn as `_Paragraph`s."""
+
+    BLOCKS = {**Markdown.BLOCKS, "paragraph_open": _Paragraph}
+
+
 class MessageView(Vertical):
     """One message. An answer streams into Markdown and is rendered once more when complete;
     with provenance on, it shows each token coloured by where it came from instead."""
@@ -76,7 +99,7 @@ class MessageView(Vertical):
         # A reasoning model's thinking: open while it streams, folded once the answer begins (Ctrl+B).
         with Collapsible(collapsed=bool(self.content), classes="thinking"):
             yield Static(classes="thought")
-        yield Markdown(self.content, classes="body")
+        yield _Body(self.content, classes="body")
         yield Static(Text(), classes="provenance")
         yield Static(self.summary, classes="summary")
 
@@ -157,6 +180,11 @@ class StatsPanel(Vertical):
 
     _shown_at = float("-inf")
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._shown: dict[str, str] = {}  # what each part shows now
+        self._start("", None)
+
     def compose(self) -> ComposeResult:
         yield Static("Speculation", classes="title")
         yield Static("", id="numbers")
@@ -167,10 +195,6 @@ class StatsPanel(Vertical):
         yield Static("", id="baseline")
         yield Static("", id="attached")
         yield Static(LEGEND, id="legend")
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self._start("", None)
 
     def on_mount(self) -> None:
         # Draw what is there, never reset it: a model that loads at once may have filled the panel
@@ -270,21 +294,33 @@ class StatsPanel(Vertical):
             *([f"          uncertain: this machine was busy ({next(d.busy_why for d in self.parts if d.busy)})"]
               if busy else []),
         ]
-        self.query_one("#numbers", Static).update("\n".join(lines))
+        self._set("numbers", "\n".join(lines))
         # The last steps that fit, on a fixed scale: none yet is an empty chart, not a full one.
         recent = [len(s.tokens) for s in steps[-28:]]
         top = max([*recent, 2])
-        self.query_one("#spark-caption", Static).update(f"tok/step, last {len(recent)} (top {top})"
-                                                         if recent else "tokens per step")
-        self.query_one("#spark", Static).update(sparkline(recent, top) if recent else "·")
+        self._set("spark-caption", f"tok/step, last {len(recent)} (top {top})" if recent else "tokens per step")
+        self._set("spark", sparkline(recent, top) if recent else "·")
         runs = Counter(s.accepted for s in steps if s.drafted)
         top = max(runs.values(), default=1)
-        self.query_one("#runs", Static).update(
-            "\n".join(f"{k:2d} {'█' * max(1, round(12 * v / top))} {v}" for k, v in sorted(runs.items())) or "–")
+        self._set("runs", "\n".join(f"{k:2d} {'█' * max(1, round(12 * v / top))} {v}" for k, v in sorted(runs.items()))
+                  or "–")
         if self.parts and all(d.plain_s for d in self.parts) and speedup is not None:
             # What the speedup above was divided by, not the estimate it replaced when the answer ended.
             how = f"baseline {1 / self.plain_s():.1f} tok/s: plain steps at this answer's moments"
         else:
             how = "baseline: not measured yet" if self.baseline is None else \
                 f"baseline {base:.1f} tok/s: {self.baseline.how}" if base else f"baseline: {self.baseline.how}"
-        self.query_one("#baseline", Static).update(how)
+        self._set("baseline", how)
+
+    def _set(self, name: str, text: str) -> None:
+        """Redraw one of the panel's parts if its text changed, and lay the screen out again only if its height
+        may have: while an answer streams, every layout of the whole screen is time the decoding loses."""
+        widget = self.query_one(f"#{name}", Static)
+        old = self._shown.get(name)
+        if text == old:
+            return
+        self._shown[name] = text
+        width = widget.content_size.width
+        lines = text.split("\n")
+        fits = old is not None and len(lines) == old.count("\n") + 1 and all(cell_len(line) < width for line in lines)
+        widget.update(text, layout=not fits)

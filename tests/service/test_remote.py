@@ -13,6 +13,7 @@ import pytest
 from fakes import FakeBackend
 from fakes.openai_server import ACCEPTED, DRAFTED, FakeServer, free_port, serving
 from pilot import answered, send, until
+from textual.widgets import OptionList
 
 from specchat import cli
 from specchat.decoding.engine import GenerationConfig
@@ -303,7 +304,7 @@ async def test_regenerate_and_the_conversation_marker(tmp_path):
             conversation = app.store.conversations()[0]
             assert conversation.server == server.url
             assert app.chat.sub_title == f"answered by {server.url}"
-            label = str(app.chat.query_one("#conversations").children[0].query_one("Label").render())
+            label = str(app.chat.query_one("#conversations", OptionList).get_option_at_index(0).prompt)
             assert "⇄ " + server.url.removeprefix("http://") in label
             assert f"Answered by the server at {server.url}" in app.store.export_markdown(conversation.id)
 

@@ -283,3 +283,32 @@ async def test_the_panel_the_answers_line_the_cli_and_the_server_say_one_speedup
             assert speedup == "speedup     1.17x" and not any("uncertain" in line for line in numbers)
             assert against_plain(done) == "1.17x plain"
         assert f"· {against_plain(done)} ·" in summary
+
+
+async def test_nothing_on_screen_costs_frames_while_an_answer_streams_beyond_the_answer(tmp_path):
+    """While an answer streams, every frame the screen draws is time the decoding loses on a small CPU (the
+    issue: the app fell behind `generate` as tokens came faster). What drew frames or made them dearer, each
+    found by profiling the app: a hidden progress bar still animating at 15 frames a second, the message box's
+    blinking cursor, and a widget per conversation in the sidebar, which every layout arranged (a third of a
+    core with 300 conversations)."""
+    store = Store(tmp_path / "chat.db")
+    few = make_app(tmp_path / "few", FakeBackend())
+    async with few.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: few.ready, "models to load")
+        widgets = len(few.chat.query_one("#sidebar").query("*"))
+    for n in range(300):
+        store.add_message(store.new_conversation(f"Question {n}").id, "user", f"question {n}")
+    backend = FakeBackend(pause_after=1)
+    app = SpecchatApp(backend_factory=lambda choice: backend, store=store, settings_path=tmp_path / "config.toml")
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        assert len(app.chat.query_one("#sidebar").query("*")) == widgets  # it draws its lines, whatever their number
+        assert app.chat.query_one("#progress Bar").auto_refresh is None  # hidden, and still
+        box = app.chat.query_one("#input")
+        assert box.cursor_blink
+        await send(pilot, app, "Tell me a story")
+        await until(pilot, lambda: backend.paused.is_set(), "the answer to stream")
+        assert not box.cursor_blink
+        backend.resume()
+        await until(pilot, lambda: answered(app), "the answer")
+        assert box.cursor_blink

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fakes import FakeBackend
 from pilot import answered, make_app, send, settled, until
-from textual.widgets import Input, ListView, Markdown, ProgressBar, Static
+from textual.widgets import Input, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownFence
 
 from specchat.llama.template import Message
@@ -21,7 +21,7 @@ from specchat.service.settings import load_settings
 from specchat.store.conversations import Store
 from specchat.ui.app import SpecchatApp
 from specchat.ui.chat import ChatInput, ChatScreen
-from specchat.ui.conversations import ConversationItem, ConversationSearch
+from specchat.ui.conversations import ConversationList, ConversationSearch
 from specchat.ui.screens import PromptScreen
 from specchat.ui.widgets import SPARK, MessageView, StatsPanel
 
@@ -371,8 +371,7 @@ def three_conversations(store: Store) -> list[int]:
 
 
 def listed(app: SpecchatApp) -> list[int]:
-    view = app.chat.query_one("#conversations", ListView)
-    return sorted(item.conversation_id for item in view.children if isinstance(item, ConversationItem))
+    return sorted(app.chat.query_one(ConversationList).listed)
 
 
 async def test_sidebar_search_filters_the_conversations(tmp_path):
@@ -427,7 +426,7 @@ async def test_a_conversation_found_by_search_opens_on_the_branch_that_holds_it(
         assert [v.content for v in app.query(MessageView)] == ["name an animal", "A cat."]
         await pilot.press("ctrl+f", *"zebra")
         await until(pilot, lambda: listed(app) == [conv], "the match")
-        await pilot.click(app.chat.query_one("#conversations", ListView).children[0])
+        await pilot.click("#conversations", offset=(4, 1))  # the first line inside its border
         await until(pilot, lambda: [v.content for v in app.query(MessageView)] == ["name an animal", "A zebra."],
                     "the zebra's branch")
         assert "holds “zebra”" in str(app.chat.query_one("#status").render())

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 from textual.app import App, ComposeResult
+from textual.binding import Binding
 
 from specchat.decoding.events import Done, Source, Stats, Step, Token
 from specchat.service.backend import Baseline
+from specchat.ui.keyline import KeyLine
 from specchat.ui.widgets import StatsPanel
 
 
@@ -40,3 +42,39 @@ async def test_a_rewrite_in_parts_is_measured_against_each_parts_own_plain_steps
         speedup, busy = panel.speedup()
         assert speedup == pytest.approx((21 * 0.1 + 21 * 0.05) / decode) and not busy
         assert "baseline 13.3 tok/s: plain steps at this answer's moments" in str(panel.query_one("#baseline").render())
+
+
+class Keys(App[None]):
+    BINDINGS = [Binding("ctrl+n", "note('new')", "New"), Binding("ctrl+s", "note('save')", "Save"),
+                Binding("ctrl+x", "note('hidden')", "Hidden", show=False)]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notes: list[str] = []
+        self.saving = True
+
+    def compose(self) -> ComposeResult:
+        yield KeyLine()
+
+    def action_note(self, what: str) -> None:
+        self.notes.append(what)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return None if parameters == ("save",) and not self.saving else True  # None: shown, dimmed
+
+
+async def test_the_key_line_shows_the_keys_dims_those_that_do_nothing_and_a_click_presses_one():
+    async with Keys().run_test(size=(60, 3)) as pilot:
+        app = pilot.app
+        line = app.query_one(KeyLine)
+        shown = str(line.render())
+        assert "^n New" in shown and "^s Save" in shown and "Hidden" not in shown and shown.rstrip().endswith("palette")
+        await pilot.click(KeyLine, offset=(shown.index("Save"), 0))
+        assert app.notes == ["save"]
+        app.saving = False
+        app.refresh_bindings()
+        await pilot.pause()
+        assert any("dim" in str(span.style) for span in line.render().spans if span.start <= shown.index("Save") < span.end)
+        await pilot.click(KeyLine, offset=(shown.index("Save"), 0))  # does nothing, as its key would
+        await pilot.click(KeyLine, offset=(shown.index("New"), 0))
+        assert app.notes == ["save", "new"]
