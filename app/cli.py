@@ -302,7 +302,8 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"specchat: warning: {line}", file=sys.stderr)
 
     # --guesser draft without a draft, or a chat with a base model: one line saying why, and nothing before it.
-    service = open_local(_choice(args, settings), _progress, guesser=args.guesser, warn=warn, chat=not args.raw)
+    service = open_local(_choice(args, settings), _progress, guesser=args.guesser, warn=warn, chat=not args.raw,
+                         think=args.think)
     guesser, instead = choices.guesser(args.guesser, settings, service.guessers)
     if instead is not None:
         warn(instead)

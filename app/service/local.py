@@ -25,10 +25,11 @@ MEASURING = "measuring this machine's decode costs (first run only)"
 
 def open_local(choice: ModelChoice, progress: Progress | None = None, store: Store | None = None, *,
                guesser: str | None = None, warn: Callable[[str], None] = lambda line: None,
-               fresh_costs: bool = False, chat: bool = False) -> ChatService:
+               fresh_costs: bool = False, chat: bool = False, think: bool | None = None) -> ChatService:
     """Load the pair (fetching what is missing); read the store's conversations for the history guesser
     (where a store is given); refuse at once, in one line, a `guesser` it cannot run, and (`chat`) a target
-    with no chat template; say what was left out (`warn`, a line each); and measure this machine's cost
+    with no chat template or a `think` asked of a template with no switch for it; say what was left out
+    (`warn`, a line each); and measure this machine's cost
     curve for it (cached per machine; `fresh_costs`: measured again now, as a benchmark wants). The models
     are freed if any step fails."""
     say = progress or (lambda what, done, total: None)
@@ -40,8 +41,8 @@ def open_local(choice: ModelChoice, progress: Progress | None = None, store: Sto
             service.history = History.of(store, pair.target)
         if guesser is not None:
             service.require(guesser)
-        if chat:
-            service.prompter  # a base model is refused here, not after a first run's measurement
+        if chat:  # a base model, or a switch the template lacks, is refused here, not after a first measurement
+            service.template_variables(think)
         for warning in pair.warnings:
             warn(warning)
         measured = False  # said only when it takes time: a cached curve is read at once
