@@ -16,6 +16,7 @@ import random
 import resource
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +37,7 @@ PROMPTS = [
 DOCUMENT = ("Our team met on tuesday to discus the new release. Every body agreed that the tests "
             "needs more coverage before we ship.\n\nThe next meeting is on friday at 10am.\n")
 LONG_PROMPT = "Tell me a long story about a lighthouse keeper and a storm."  # for the turns that stop early
+HOLD_S = 60.0  # the longest a held answer waits for its stop
 FINAL_PROMPT = "Describe the water cycle in four sentences."
 
 
@@ -117,10 +119,10 @@ async def _until(pilot, condition, what: str, timeout: float = 600.0) -> None:
         await pilot.pause(0.02)
 
 
-async def _ask(pilot, app, prompt: str, stop_after: int | None = None) -> None:
-    from specchat.ui.widgets import StatsPanel
-
+async def _ask(pilot, app, prompt: str, stop: StopPoint | None = None) -> None:
     before = len(app.store.messages(app.conversation_id))
+    if stop is not None:
+        stop.arm()
     app.query_one("#input").text = prompt
     await pilot.press("enter")
 
@@ -128,11 +130,37 @@ async def _ask(pilot, app, prompt: str, stop_after: int | None = None) -> None:
         messages = app.store.messages(app.conversation_id)
         return len(messages) >= before + 2 and not app.generating and messages[-1].status != "partial"
 
-    if stop_after is not None:
-        await _until(pilot, lambda: answered() or (app.generating and
-                                                  app.query_one(StatsPanel).totals.n_tokens >= stop_after), "some tokens")
+    if stop is not None:
+        await _until(pilot, lambda: answered() or stop.holding.is_set(), "the answer's first step")
         await pilot.press("escape")
     await _until(pilot, answered, "the answer")
+
+
+class StopPoint:
+    """Holds an answer after its first step until the user stops it (Esc), so that a stop lands midway
+    whatever the machine's speed: pressed when tokens showed, it came after the whole answer on a faster
+    CPU. The app's own stream, wrapped where the backend hands it over (as `_record_ids` does)."""
+
+    def __init__(self, backend) -> None:
+        from specchat.decoding.events import Step
+
+        self.armed, self.holding = False, threading.Event()
+        chat = backend.chat
+
+        def held(messages, config, guesser, cancel, think=None):
+            armed, self.armed = self.armed, False
+            self.holding.clear()
+            for event in chat(messages, config, guesser, cancel, think):
+                yield event
+                if armed and isinstance(event, Step) and event.tokens:
+                    armed = False
+                    self.holding.set()
+                    cancel.wait(HOLD_S)  # the Esc; the engine sees it at its next step
+        backend.chat = held
+
+    def arm(self) -> None:
+        """The next answer is held after its first step that shows tokens."""
+        self.armed = True
 
 
 async def _rewrite(pilot, app, doc: Path, report: Report) -> None:
@@ -168,6 +196,7 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
         if kw.get("severity") == "error" else None
     async with app.run_test(headless=True, size=(140, 40)) as pilot:
         await _until(pilot, lambda: app.ready, "the models to load")
+        stops = StopPoint(app.backend)
         end = time.monotonic() + minutes * 60
         turn = 0
         # For `minutes`, and at least `min_turns` turns: on a slow machine a short session still
@@ -186,7 +215,7 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
                 if doc.read_text() != DOCUMENT:
                     report.problems.append(f"turn {turn}: the rewrite changed the original document")
                 continue
-            stop = rng.randint(3, 30) if turn % 3 == 0 else None
+            stop = stops if turn % 3 == 0 else None
             await _ask(pilot, app, LONG_PROMPT if stop else rng.choice(PROMPTS), stop)
             check_answer(app, report)
             report.stops += stop is not None and app.store.messages(app.conversation_id)[-1].status == "stopped"
