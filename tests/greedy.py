@@ -25,7 +25,7 @@ from specchat.decoding.events import Stats
 from specchat.decoding.guessers import Guesser, NoGuesser
 from specchat.llama.model import Model
 from specchat.llama.session import is_chain
-from specchat.tools.ties import CEILING, Parting, parting
+from specchat.tools.ties import CEILING, Parting, batchings, decode_as, parting
 
 
 class RecordingEngine(Engine):
@@ -97,32 +97,23 @@ class Comparison:
 @lru_cache(maxsize=8)
 def row_noise(path: Path, prompt: tuple[int, ...], answer: tuple[int, ...], n_ctx: int, threads: int | None) -> float:
     """The most any logits row of the answer moves between evaluating its positions one token at a time
-    and in batches, on a fresh model: the whole answer in one batch, and four schedules of batches of 1
-    to 9 tokens, as verifications come (a row depends on the batch it is in and on the batches its
-    cache was written in). The tolerance for comparing a speculative run's rows with plain decoding's."""
+    and in every other batching (`specchat.tools.ties.batchings`: all in one, and random batches of 1 to 16 as
+    verifications come; both runs prefill the prompt alike, and reuse no cache), on a fresh model: a row
+    depends on the batch it is in and on the batches its cache was written in. The tolerance for comparing
+    a speculative run's rows with plain decoding's."""
     model = Model(path, n_ctx=n_ctx, n_threads=threads)
-    rng = np.random.default_rng(len(answer))
     try:
         session = model.session
         tokens = [prompt[-1], *answer[:-1]]
 
-        def rows(sizes: list[int]) -> np.ndarray:
+        def rows(sizes: list[int], pad: int = 0) -> np.ndarray:
             session.clear()
             session.decode(list(prompt[:-1]), "none")
-            out, i = [], 0
-            for size in sizes:
-                out.append(np.array(session.decode(tokens[i:i + size], "all")))
-                i += size
-            return np.concatenate(out)
-
-        def schedule() -> list[int]:
-            sizes: list[int] = []
-            while sum(sizes) < len(tokens):
-                sizes.append(min(int(rng.integers(1, 10)), len(tokens) - sum(sizes)))
-            return sizes
+            return decode_as(session, tokens, sizes, pad, "all")
 
         single = rows([1] * len(tokens))
-        return max(float(np.abs(rows(sizes) - single).max()) for sizes in [[len(tokens)], *(schedule() for _ in range(4))])
+        return max(float(np.abs(rows(sizes, pad) - single).max())
+                   for sizes, pad in batchings(len(tokens), len(answer), reused=False))
     finally:
         model.close()
 

@@ -22,6 +22,7 @@ import tiny_gguf  # noqa: E402
 from specchat.errors import SpecchatError  # noqa: E402
 from specchat.llama.model import Model  # noqa: E402
 from specchat.llama.session import Memory, Session  # noqa: E402
+from specchat.tools.ties import batchings  # noqa: E402
 
 VOCAB = 40
 PROBE = 7
@@ -51,23 +52,21 @@ def fresh_logits(fresh: Model, *batches: list[int]) -> np.ndarray:
     return probe(fresh.session)
 
 
-def batch_noise(fresh: Model, *batches: list[int], schedules: int = 16) -> float:
-    """How far the probe's logits move when the tokens of `batches` are decoded in other batches: all in
-    one, one at a time, and in random batches of 1 to 16 (as prefills and verifications come), each
-    against these batches. Measured apart from the runs judged, on a fresh model; seeded by the tokens,
-    so that the same tokens are always measured the same way."""
+def batch_noise(fresh: Model, *batches: list[int]) -> float:
+    """How far the probe's logits move when the tokens of `batches` are decoded in other batches
+    (`specchat.tools.ties.batchings`: all in one, one at a time, and random batches of 1 to 16, as prefills
+    and verifications come), each against these batches. Measured apart from the runs judged, on a fresh
+    model; seeded by the tokens, so that the same tokens are always measured the same way. Not as the head
+    of a longer batch taken back: on these memories that is a rewind, which is what is judged."""
     tokens = [t for batch in batches for t in batch]
-    rng = np.random.default_rng(tokens)
     reference = fresh_logits(fresh, *batches)
 
-    def random_batches() -> list[list[int]]:
-        cuts = [0]
-        while cuts[-1] < len(tokens):
-            cuts.append(min(len(tokens), cuts[-1] + int(rng.integers(1, 17))))
-        return [tokens[a:b] for a, b in zip(cuts, cuts[1:])]
+    def cut(sizes: list[int]) -> list[list[int]]:
+        ends = np.cumsum(sizes).tolist()
+        return [tokens[a:b] for a, b in zip([0, *ends], ends)]
 
-    others = [[tokens], [[t] for t in tokens], *(random_batches() for _ in range(schedules))]
-    return max(float(np.abs(fresh_logits(fresh, *other) - reference).max()) for other in others)
+    return max(float(np.abs(fresh_logits(fresh, *cut(sizes)) - reference).max())
+               for sizes, _ in batchings(len(tokens), tokens, reused=False))
 
 
 @dataclass(frozen=True)

@@ -261,7 +261,9 @@ def explain_divergence(choice: ModelChoice, prompt: list[int], ours: list[int], 
     from specchat.service.loader import DEFAULT_CONTEXT, model_paths
     from specchat.tools.ties import parting
 
-    found = parting(model_paths(choice)[0], prompt, ours, fresh, choice.n_ctx or DEFAULT_CONTEXT, choice.threads)
+    # The session's answer reused a cache its earlier, longer prompts wrote; the fresh process's did not.
+    found = parting(model_paths(choice)[0], prompt, ours, fresh, choice.n_ctx or DEFAULT_CONTEXT, choice.threads,
+                    reused=True)
     if found is None:
         return True, "the answers are the same"
     return found.tie, found.report()

@@ -16,5 +16,7 @@ def test_short_endurance_session(tmp_path, smol_path):
     print("\n".join(report.lines()))
     assert report.problems == []
     assert report.answers >= 10 and report.stops >= 1 and report.regenerations >= 1 and report.rewrites >= 1
-    assert report.final and report.final == report.fresh
+    # The same as a fresh process's, or parted at a floating-point near-tie (its cache was written by longer
+    # prefills than the fresh process's: noise measured apart, `specchat.tools.ties`), said in a note.
+    assert report.final and (report.final == report.fresh or any("near-tie" in note for note in report.notes))
     tally("endurance session (short, CI)", trials=report.answers + report.rewrites, lost=0)
