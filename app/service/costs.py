@@ -39,6 +39,7 @@ _FORMAT = "v2"  # the cache's entries; older ones (unchecked measurements) are m
 # quiet answers' plain steps, at most this many and this old.
 PLAIN_STEPS = 16
 RECENT_S = 120.0
+SPIKE = 1.5  # a step this much slower than the answer's typical one was delayed by something else
 
 
 class PairCosts:
@@ -116,25 +117,39 @@ class PairCosts:
 
     def plain_step(self, own: Sequence[float] = ()) -> float | None:
         """One plain step's seconds now, from plain steps measured as such, never from the curve (which a
-        wrong figure would bend along with what it judges): an answer's own plain steps where it had
-        MIN_SEEN, else with them the last quiet answers' of the last RECENT_S. None: none were seen."""
+        wrong figure would bend along with what it judges): the median of an answer's own plain steps where it
+        had MIN_SEEN, else of them with the last quiet answers' of the last RECENT_S. None: none were seen. A
+        median, as one step another program delayed moved the mean of a rewrite's 7 plain steps by a third."""
         if len(own) >= MIN_SEEN:
-            return float(np.mean(own))
+            return float(np.median(own))
         now = time.monotonic()
         recent = [*own, *(seconds for at, seconds in reversed(self.plain) if now - at <= RECENT_S)][:PLAIN_STEPS]
-        return float(np.mean(recent)) if recent else None
+        return float(np.median(recent)) if recent else None
 
     def judge(self, done: Done, steps: Sequence[Step], before: CostCurve, contention: float | None = None) -> Done:
         """The answer's speedup, against plain decoding at the same moments, and whether the machine was busy:
         steps much slower than the curve said, or other programs on the cores llama.cpp's threads needed
-        (`contention`, measured over the answer). Plain decoding's step is `plain_step` of the answer's own
-        plain steps: a mean against a mean, so that an answer of plain steps shows exactly 1.00x however its
-        step times vary; the curve's one position only where no plain step was seen."""
-        if not steps:
+        (`contention`, measured over the answer).
+
+        The speedup is what plain decoding would have spent on the answer's tokens, at `plain_step` of its
+        own plain steps (never the curve's scaling of the guessing ones, which a wrong figure would bend with
+        what it judges), over what its steps cost: its plain steps at that same figure, its guessing steps
+        as they ran but for a step something else delayed (SPIKE times what the answer's steps typically took
+        against the curve: counted at that), and what proposing took. So an answer of plain steps shows
+        exactly 1.00x, and another program's moment moves a rewrite's figure by what it cost, where one
+        delayed step among its 7 plain ones made it show 1.48x for 1.15x. `plain_s` is set so that
+        `Done.speedup` is that ratio."""
+        produced = done.stats.produced
+        if not steps or not produced:
             return done
         ratios = [(s.verify_s - s.rollback_s) / float(before.verify(s.drafted + 1)) for s in steps]
-        plain_s = self.plain_step([s.verify_s for s in steps if not s.drafted])
-        return replace(done, plain_s=plain_s or float(before.verify(1)), slowdown=float(np.median(ratios)),
+        slowdown = float(np.median(ratios))
+        plain_steps = [s.verify_s for s in steps if not s.drafted]
+        plain = self.plain_step(plain_steps) or float(before.verify(1))
+        cost = sum(s.draft_s for s in steps) + plain * len(plain_steps) + sum(
+            min(s.verify_s, SPIKE * slowdown * float(before.verify(s.drafted + 1)) + s.rollback_s)
+            for s in steps if s.drafted)
+        return replace(done, plain_s=plain * done.stats.decode_s / cost, slowdown=slowdown,
                        contention=contention or 0.0)
 
     # --- keeping it ----------------------------------------------------------------------------
