@@ -38,7 +38,7 @@ from specchat.llama.template import Message
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
 from specchat.service.loader import load_pair
-from specchat.tools.ties import parting
+from specchat.tools.ties import batchings, parting
 
 pytestmark = pytest.mark.real  # the default tokenizer is copied from SmolLM2's GGUF, fetched from the registry
 SMALL_VOCAB = 40
@@ -243,13 +243,24 @@ def head_cache(pair) -> bytes:
     return bytes(buffer[:llama_cpp.llama_state_seq_get_data(ctx, buffer, size, 0)])
 
 
+def cache_gap(a: bytes, b: bytes) -> float:
+    """How far two saved head caches are apart: the largest difference of their 16-bit floats (the cache
+    is f16; the header's fields are 4 and 8 bytes wide, so the data stays aligned), inf where they differ
+    in size."""
+    if len(a) != len(b):
+        return float("inf")
+    x, y = (np.frombuffer(v[:len(v) // 2 * 2], dtype=np.float16).astype(np.float64) for v in (a, b))
+    return float(np.nan_to_num(np.abs(x - y), nan=np.inf).max(initial=0.0))
+
+
 def test_the_heads_cache_after_rejections_is_what_a_plain_decode_leaves(tmp_path):
     """The constructed head's attention adds nothing, so no drafting check sees its cache: it is compared
     directly. After a sampled MTP run with rejections (every rewind of the target rewinds the head), the
-    head's cache holds byte for byte what a plain decode of the same tokens, one at a time, leaves in it;
-    the same tokens in one batch, measured apart, leave the same bytes (no batch noise here), so nothing
-    less than equality is excused. Planted: catch-up rows paired with the hidden state one position too
-    early. The run then drafts and keeps the same tokens, and only this comparison sees it."""
+    head's cache holds what a plain decode of the same tokens, one at a time, leaves in it, up to the
+    noise of batching measured apart over the ways prefills and verifications cut tokens (on the CPUs
+    tried so far none: the bytes are equal, and then nothing less than equality is excused). Planted:
+    catch-up rows paired with the hidden state one position too early. The run then drafts and keeps the
+    same tokens, and only this comparison sees it."""
     target, draft = cycle.write_pair(tmp_path, cycle=SOFT, vocab=8)
     with cycle.loaded(target, draft) as pair:
         session = pair.target.session
@@ -263,20 +274,23 @@ def test_the_heads_cache_after_rejections_is_what_a_plain_decode_leaves(tmp_path
             return (done.stats.drafted, done.stats.accepted, done.stats.rejections), list(session.tokens), \
                 head_cache(pair)
 
-        def plain(tokens: list[int], batch: int) -> bytes:
+        def plain(tokens: list[int], sizes: list[int]) -> bytes:
             session.clear()
-            for i in range(0, len(tokens), batch):
-                session.decode(tokens[i:i + batch], "last")
+            start = 0
+            for size in sizes:
+                session.decode(tokens[start:start + size], "last")
+                start += size
             return head_cache(pair)
 
         stats, tokens, speculated = run(plant=False)
         assert stats[2] >= 5 and stats[1] >= 10, stats
-        reference = plain(tokens, 1)
-        assert plain(tokens, len(tokens)) == reference, "one batch and one at a time differ on this machine"
-        assert speculated == reference
+        reference = plain(tokens, [1] * len(tokens))
+        noise = max(cache_gap(plain(tokens, sizes), reference)
+                    for sizes, _ in batchings(len(tokens), seed=len(tokens), reused=False))
+        assert cache_gap(speculated, reference) <= noise
         planted_stats, planted_tokens, planted = run(plant=True)
         assert (planted_stats, planted_tokens) == (stats, tokens)
-        assert planted != reference
+        assert cache_gap(planted, reference) > noise, (cache_gap(planted, reference), noise)
 
 
 SOFT = 3.0  # the successor's logit lead in the sampled test: p(successor) about 0.7 of 8 tokens
