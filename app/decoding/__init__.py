@@ -1,8 +1,17 @@
-"""Speculative decoding, independent of any UI: sampling and the acceptance rule as pure numpy
-functions (`sampling`, `verify`), the guessers that propose tokens behind one interface
-(`guessers`), the policy that decides how many to propose from this machine's measured costs and
-the acceptance seen so far (`policy`, measured by `calibrate`), and the decode loop that turns a
-prompt into a stream of `Prefill`, `Step` and `Done` events (`engine`, with `textstream` turning
-tokens into text that never splits a UTF-8 character or leaks part of a stop string). It talks to
-llama.cpp only through `specchat.llama`.
+"""Speculative decoding, independent of any UI. It talks to llama.cpp only through `specchat.llama`.
+
+- `sampling`: temperature, top-k, top-p and min-p as pure numpy functions, the same for target and draft.
+- `verify`: the acceptance rule, for sampled drafts, copies (point masses), greedy decoding and trees.
+- `guessers`: what proposes the next tokens, behind one interface: lookup, history, draft, mtp, auto, and
+  the registry that builds them by name.
+- `policy`: the cost model, acceptance estimates and their priors, the draft length that pays, and the
+  loss account that caps what a guess may risk.
+- `calibrate`: this machine's decode cost curve, measured and checked before it is trusted.
+- `timing`: step times learned from real steps, correcting the calibration into the live curve.
+- `history`: the index of past conversations' texts that the history guesser copies from.
+- `reasoning`: a reasoning model's thinking told apart from its answer as the text streams.
+- `engine`: the decode loop that turns a prompt into events: propose, verify in one batch, keep the path
+  the rule took, take back the rest.
+- `events`: the frozen `Prefill`, `Step` and `Done` events that every consumer reads.
+- `textstream`: token bytes as text that never splits a UTF-8 character or leaks part of a stop string.
 """

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # The recurrent part alone (a hybrid's attention part is cut by llama_memory_seq_rm after a restore):
 # its size does not grow with the context. For a pure recurrent model it is the whole state.
 _PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-LASTING_CHECKPOINTS = 4  # turn boundaries kept for regenerate, edit-last and the next turns
+LASTING_CHECKPOINTS = 4  # turn boundaries kept for regenerate, an edit of a recent message and the next turns
 
 
 def is_chain(parents: Sequence[int]) -> bool:

@@ -2,8 +2,9 @@
 
 The controller makes every store call of a conversation: the user's message (with its attached
 files), the answer stored before its first token and updated as it streams (so that a killed app
-keeps what was shown, marked interrupted), its end with its figures, regenerate, edit-last and
-export. The screen only draws; this is tested headless.
+keeps what was shown, marked interrupted), its end with its figures, regenerate and edit (each a branch
+beside what it replaces, which stays), the branch on screen, and export. The screen only draws; this is
+tested headless.
 """
 
 from __future__ import annotations

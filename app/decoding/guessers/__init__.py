@@ -1,8 +1,9 @@
 """Guessers: cheap proposals for the next tokens, checked by the target in one step.
 
 One interface (`base`), guessers that copy (`copying`), guessers that draft token by token (`drafting`),
-auto, which picks among them at every step by this machine's costs (`auto`), and the registry that names
-them all for the command line, the settings, the app and the server (`registry`).
+auto, which picks among them at every step by this machine's costs and may send copies that part ways as
+one tree (`auto`), and the registry that names them all for the command line, the settings, the app and
+the server (`registry`).
 """
 
 from specchat.decoding.guessers.auto import AutoGuesser, Drafter

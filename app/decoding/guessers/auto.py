@@ -77,7 +77,8 @@ class AutoGuesser(BaseGuesser):
         self.lookup_acceptance, self.drafter_acceptance = self._estimates_for(True)
         self._cursor: int | None = None  # where in the context the answer was last copying from
         self._replaced: int | None = None  # the copied token that the target just replaced, if any
-        # The last step's source and, for lookup, where it copied from, its kind and match length.
+        # The last step's source ("none", "lookup", "history", a drafter's name, or "tree": several copies at
+        # once) and, for lookup, where it copied from, its kind and match length.
         self._last: tuple[str, int, str, int] = ("none", 0, "far", 0)
         self._sampling = SamplingConfig()
         self._matches: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))

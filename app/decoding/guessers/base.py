@@ -19,7 +19,7 @@ from specchat.decoding.verify import Tree
 class Proposal:
     tokens: list[int]
     probs: np.ndarray | None  # (len(tokens), V) or None for deterministic proposals
-    guesser: str = "none"  # which guesser made it: "none", "lookup", "draft", "mtp" or "history"
+    guesser: str = "none"  # which guesser made it: "none", "lookup", "history", "draft", "mtp", or auto's "tree"
     # Of the time the proposal took, what went into catching the draft's cache up with the tokens
     # committed since it last ran: a cost of the steps before, not of these guesses.
     sync_s: float = 0.0
