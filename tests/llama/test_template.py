@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -135,16 +136,12 @@ def test_renders_exactly_as_llama_cpp_python_did(name):
 
 
 @pytest.mark.real
-def test_the_smollm2_gguf_template_renders_as_before():
+def test_the_smollm2_gguf_template_renders_as_before(smol_path):
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     from specchat.llama.model import Model
-    from specchat.models.catalog import load_catalog
-    from specchat.models.fetch import on_disk
 
-    path = on_disk(load_catalog().model("smollm2-135m-instruct"))
-    if path is None:
-        pytest.skip("smollm2-135m-instruct is not on disk")
+    path = smol_path  # fetched if no earlier test did: whether it runs must not hang on the order
     model = Model(path, n_ctx=256)
     try:
         source, bos, eos = model.metadata["tokenizer.chat_template"], model.bos_text, model.eos_text
@@ -158,6 +155,10 @@ def test_the_smollm2_gguf_template_renders_as_before():
 
 ENDLESS = "{% for a in range(99999) %}{% for b in range(99999) %}x{% endfor %}{% endfor %}"
 LIMIT_S = 0.5  # shorter than the default, to keep the suite quick
+# How long a render may take before the test calls it a hang rather than a stop at its limit: far above any
+# limit here, so that a renderer restarting on a busy machine never reaches it, while a clock that waits in
+# the wrong unit (or not at all) does. The message says which mechanism stopped a render, not this.
+HANG_S = 30.0
 SANDBOX = "tried to get out of its sandbox .*; the file is not trustworthy$"
 FILE = "tried to read a file .*; the file is not trustworthy$"
 SLOW = f"took longer than {LIMIT_S:g} s to render$"
@@ -201,10 +202,10 @@ def test_hostile_template_fails_as_one_line_then_rendering_still_works(attack):
     elapsed = time.monotonic() - start
     message = str(caught.value)
     assert message.startswith("the chat template of evil.gguf ") and "\n" not in message
-    assert re.search(ATTACKS[attack], message), message
-    assert elapsed < 3 * LIMIT_S
+    assert re.search(ATTACKS[attack], message), message  # which of sandbox, file, size or clock stopped it
+    assert elapsed < HANG_S
     if SLOW in ATTACKS[attack] and "memory" not in message:
-        assert elapsed >= LIMIT_S  # it really ran until the limit
+        assert elapsed >= LIMIT_S  # it really ran until the limit (a clock does not run fast)
     assert template(CHATML).render(CONVERSATION[1:2]).endswith("<|im_start|>assistant\n")
 
 
@@ -213,15 +214,46 @@ def test_the_default_limit_stops_an_endless_render():
     start = time.monotonic()
     with pytest.raises(SpecchatError, match=f"took longer than {TIME_LIMIT_S:g} s to render$"):
         template(ENDLESS).render(CONVERSATION)
-    assert TIME_LIMIT_S <= time.monotonic() - start < 3 * TIME_LIMIT_S
+    assert TIME_LIMIT_S <= time.monotonic() - start < HANG_S
+
+
+RENDERING_S = 0.1  # of CPU: far above what reading and parsing one request takes (microseconds)
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time a process has used so far (Linux's /proc; its name may hold spaces, so count from the ')')."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime and stime, in clock ticks
+
+
+def kill_once_busy(proc: subprocess.Popen[bytes], killed: threading.Event, timeout: float = HANG_S) -> None:
+    """Kill an idle renderer once it has burnt RENDERING_S of CPU: nothing but a request it was sent since
+    can have done that, so the kill lands mid-render however late that request comes or runs."""
+    idle = cpu_seconds(proc.pid)
+    deadline = time.monotonic() + timeout
+    while cpu_seconds(proc.pid) - idle < RENDERING_S:
+        if time.monotonic() > deadline or proc.poll() is not None:
+            return  # the render then ends otherwise than crashed, and the test says so
+        time.sleep(0.01)  # polling for the evidence, not waiting for it to happen
+    proc.kill()  # e.g. the OOM killer, or a C stack overflow
+    killed.set()
 
 
 def test_a_renderer_that_dies_mid_render_is_reported_and_replaced():
-    endless = template(ENDLESS, limit_s=10)
-    threading.Timer(0.3, _RENDERER._proc.kill).start()  # e.g. the OOM killer, or a C stack overflow
-    with pytest.raises(SpecchatError, match="^the chat template of evil.gguf crashed the template renderer$"):
-        endless.render(CONVERSATION)
+    assert template(CHATML).render(CONVERSATION[1:2])  # a renderer is running, and now idle
+    endless = template(ENDLESS, limit_s=HANG_S)  # compiled: what is left is the render alone
+    proc, killed = _RENDERER._proc, threading.Event()
+    assert proc is not None
+    killer = threading.Thread(target=kill_once_busy, args=(proc, killed))
+    killer.start()
+    try:
+        with pytest.raises(SpecchatError, match="^the chat template of evil.gguf crashed the template renderer$"):
+            endless.render(CONVERSATION)
+    finally:
+        killer.join()
+    assert killed.is_set()
     assert template(CHATML).render(CONVERSATION[1:2]).endswith("<|im_start|>assistant\n")
+    assert _RENDERER._proc is not proc  # replaced
 
 
 def test_an_orphaned_renderer_stops_an_endless_render_by_itself():
@@ -232,11 +264,16 @@ def test_an_orphaned_renderer_stops_an_endless_render_by_itself():
     assert proc.stdout.readline() == b"ready\n"
     request = {"template": ENDLESS, "limit_s": LIMIT_S,
                "variables": {"messages": [{"role": "user", "content": "hi"}]}}
+    start = time.monotonic()  # before it can have armed its alarm
     proc.stdin.write(json.dumps(request).encode() + b"\n")
     proc.stdin.flush()  # and then never read the reply nor kill it, as a dead parent would
-    start = time.monotonic()
-    assert proc.wait(timeout=30) == -signal.SIGALRM
-    assert time.monotonic() - start < LIMIT_S + 3
+    try:
+        # Killed by its own SIGALRM (at its default action), a second past the limit: by nobody else.
+        assert proc.wait(timeout=HANG_S) == -signal.SIGALRM
+    finally:
+        proc.kill()
+        proc.wait()
+    assert time.monotonic() - start >= LIMIT_S + 1.0  # not before its limit and the grace second
 
 
 class WordModel:
