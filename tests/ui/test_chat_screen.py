@@ -9,15 +9,19 @@ import threading
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterator
 
 from fakes import FakeBackend
 from pilot import answered, make_app, send, settled, until
 from textual.widgets import Input, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownFence
 
+from specchat.decoding.reasoning import Reasoning
 from specchat.llama.template import Message
 from specchat.service.choices import ModelChoice
+from specchat.service.events import BackendEvent
 from specchat.service.settings import load_settings
+from specchat.service.thinking import ThinkingSplit
 from specchat.store.conversations import Store
 from specchat.ui.app import SpecchatApp
 from specchat.ui.chat import ChatInput, ChatScreen
@@ -599,8 +603,23 @@ def fold(app: SpecchatApp):
     return app.query(MessageView).last().query_one(Collapsible)
 
 
+class Thinker(FakeBackend):
+    """A reasoning model's answer as its engine streams it, the thinking in tags within the text, a step of three
+    words at a time, passed through the service's own ThinkingSplit: what the screen shows of the thinking is
+    what the split made of it, not a figure of the fake's."""
+
+    def __init__(self, answer: str, thinking: str, pause_after: int | None = None) -> None:
+        super().__init__(f"<think>{thinking}</think>\n\n{answer}", pause_after=pause_after)
+
+    def _generate(self, cancel: threading.Event) -> Iterator[BackendEvent]:
+        split = ThinkingSplit(Reasoning())
+        for event in super()._generate(cancel):
+            yield from split(event)
+
+
 async def test_thinking_streams_open_folds_when_the_answer_begins_and_ctrl_b_opens_it(tmp_path):
-    backend = FakeBackend(STORY, thinking=THOUGHT, pause_after=0)  # pauses between the thinking and the answer
+    # THOUGHT's 17 words: 5 steps of thinking alone, then one that closes it and begins the answer.
+    backend = Thinker(STORY, THOUGHT, pause_after=5)  # pauses between the thinking and the answer
     app = make_app(tmp_path, backend)
     async with app.run_test(size=(120, 36)) as pilot:
         await send(pilot, app, "Tell me a story")
@@ -611,7 +630,9 @@ async def test_thinking_streams_open_folds_when_the_answer_begins_and_ctrl_b_ope
         backend.resume()
         await until(pilot, lambda: answered(app), "the answer to end")
         assert fold(app).collapsed and view.content == STORY  # folded once the answer began
-        assert fold(app).title.startswith("Thinking · 17 tokens · ")  # its own count and speed
+        # Its own count and speed: the 5 steps' 15 tokens in their 0.2 s (the step that began the answer is the
+        # answer's), counted by the split as the tokens streamed.
+        assert fold(app).title == "Thinking · 15 tokens · 75.0 tok/s"
         [stored] = [m for m in app.store.messages(app.conversation_id) if m.role == "assistant"]
         assert (stored.content, stored.thinking) == (STORY, THOUGHT)  # kept apart from the answer
         await pilot.press("ctrl+b")
