@@ -1,7 +1,10 @@
-"""A reasoning model's thinking, split out of the service's events: the figures it gets, and a real
-tiny GGUF that carries DeepSeek R1's chat template, switched on and off."""
+"""A reasoning model's thinking, split out of the service's events: the figures it gets; a real tiny GGUF
+that carries DeepSeek R1's chat template, switched on and off; and one that carries Qwen3's, which is given
+an earlier answer's thinking and decides where it goes."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -80,12 +83,44 @@ def test_r1s_template_opens_the_thinking_and_the_switch_closes_it(service):
     assert off.text and not off.thinking and off.thinking_tokens == 0
 
 
+# --- a real GGUF with Qwen3's template, which reads an earlier answer's thinking -----------------------
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory, smol_path):
+    """A tiny random GGUF carrying Qwen3's real template, which writes the thinking of an answer after the last
+    question into the prompt (that answer goes on) and leaves it out once another question comes. DeepSeek
+    R1's never reads the thinking it is given: a prompt built on it holds none, whatever specchat sends."""
+    from tiny_gguf import write
+
+    template = (Path(__file__).parents[1] / "templates" / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
+    path = write("llama", tmp_path_factory.mktemp("qwen3") / "tiny-qwen3.gguf", tokenizer_from=smol_path,
+                 chat_template=template)
+    service = ChatService(load_pair(ModelChoice(target=path, n_ctx=1024, threads=1)))
+    yield service
+    service.close()
+
+
+THOUGHT = "Blue light scatters more than red on the air's molecules."
+
+
+def prompt_tokens(service: ChatService, turns: list[Message]) -> int:
+    """The prompt's length as the service gave it to the model (one token is decoded)."""
+    return list(service.chat(turns, GenerationConfig(max_tokens=1), "none"))[-1].stats.n_prompt
+
+
 @pytest.mark.real
-def test_the_next_prompt_leaves_the_thinking_out_where_the_template_does(service):
-    done = list(service.chat(ASK, CONFIG, "none"))[-1]
-    turns = [*ASK, Message("assistant", "Rayleigh scattering.", done.thinking), Message("user", "Why red at dusk?")]
-    prompt = service.prompter.render(turns)
-    assert "Rayleigh scattering." in prompt and done.thinking not in prompt
+def test_the_next_prompt_leaves_the_thinking_out_where_the_template_does(qwen3):
+    answer = Message("assistant", "Rayleigh scattering.", THOUGHT)
+    going_on, asked_again = [*ASK, answer], [*ASK, answer, Message("user", "Why red at dusk?")]
+    # The template is given the thinking: it writes it while its answer goes on...
+    assert THOUGHT in qwen3.prompter.render(going_on)
+    assert prompt_tokens(qwen3, going_on) > prompt_tokens(qwen3, [*ASK, Message("assistant", answer.content)])
+    # ... and leaves it out once the next question comes, so the model is given the answer alone.
+    prompt = qwen3.prompter.render(asked_again)
+    assert "Rayleigh scattering." in prompt and THOUGHT not in prompt
+    assert prompt_tokens(qwen3, asked_again) == prompt_tokens(qwen3, [*ASK, Message("assistant", answer.content),
+                                                                      asked_again[-1]])
 
 
 @pytest.mark.real
