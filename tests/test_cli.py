@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
+import time
 
 import pytest
-from commands import assert_clean_error, specchat
+from commands import REPO, assert_clean_error, specchat
 
 
 def test_missing_model_file(tmp_path):
@@ -120,41 +123,98 @@ def test_the_same_seed_gives_the_same_text_in_a_fresh_process(guesser, smol_path
     assert other.stdout != first.stdout  # the seed, not a fixed path, decides the text
 
 
+PLANTED_AT = 946_684_800.0  # 2000-01-01: a date no calibration measured today prints
+THREADS = "2"  # given, so that the cache key does not hang on this machine's core count
+
+
+def planted_entry() -> dict:
+    """A trusted calibration as PairCosts.save writes it, with figures no measurement gives: verifying n
+    positions costs 10 ms and 5% more per extra position, a drafted token 4 ms."""
+    return {"calibration": {"verify_s": [0.010 * (1 + 0.05 * i) for i in range(32)], "draft_s": 0.004, "mtp_s": 0.0,
+                            "rollback": None, "trusted": True, "problem": "", "contention": 0.0, "spread": 1.0,
+                            "measured_at": PLANTED_AT},
+            "evidence": {}, "learned_at": PLANTED_AT}
+
+
+def costs_key(path) -> str:
+    """The cache key `specchat costs --target path --draft path --threads THREADS` reads and writes."""
+    from specchat.llama.model import Model
+    from specchat.service.costs import PairCosts
+
+    model = Model(path, n_ctx=256, n_threads=int(THREADS))
+    try:
+        return PairCosts(model, model, None).key
+    finally:
+        model.close()
+
+
+def costs_checked(problem: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`specchat costs` in a process whose calibration checks find `problem` ("": it passes), whatever the
+    machine's load would have them find: which way they go is not what this test is about."""
+    code = ("import sys; import specchat.decoding.calibrate as c; c.check = lambda *checked: sys.argv[1]; "
+            "from specchat.cli import main; sys.exit(main(sys.argv[2:]))")
+    done = subprocess.run([sys.executable, "-c", code, problem, "costs", *args], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def measured_minute(stdout: str) -> str:
+    return re.match(r"calibration: measured (\d{4}-\d\d-\d\d \d\d:\d\d); ", stdout)[1]
+
+
+def minute(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
+
+
+def curve_line(n: int, seconds: float, one: float) -> str:
+    return f"  n={n:2d}  {1000 * seconds:7.1f} ms  {seconds / one:5.2f}x"
+
+
 @pytest.mark.real
 def test_costs_prints_the_measured_curve(smol_path, tmp_path):
-    def costs(*extra: str) -> subprocess.CompletedProcess:
-        done = specchat("costs", *extra, "--target", str(smol_path), "--draft", str(smol_path),
-                        env={"XDG_CACHE_HOME": str(tmp_path)})
-        assert done.returncode == 0, done.stderr
-        return done
-
-    def trusted(done: subprocess.CompletedProcess) -> bool:
-        # A busy machine may fail the calibration's checks; then it says so and caches nothing.
-        first = done.stdout.splitlines()[0]
-        assert first.startswith("calibration: measured ")
-        assert ("passed its checks" in first) != ("NOT TRUSTED" in first and "not cached" in done.stdout)
-        return "passed its checks" in first
-
-    result = costs()
-    lines = result.stdout.splitlines()
-    assert any(line.strip().startswith("n= 5") for line in lines)
-    assert any(line.startswith("draft ") and "per token" in line for line in lines)
-    assert lines[-1] == "rollback (trim): a rejected guess is cut from the cache, at no cost"
+    """A trusted calibration in the cache is printed as it was written, without measuring; --remeasure
+    measures again, and caches a calibration that passed its checks (the next run prints it as it was); one
+    that failed says so, prints the curve that never guesses and leaves the cache as it was."""
+    args = ("--target", str(smol_path), "--draft", str(smol_path), "--threads", THREADS)
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
     cache = tmp_path / "specchat" / "costs.json"
-    for _ in range(2):  # a calibration that failed its checks cached nothing: the next run measures again
-        if trusted(result):
-            break
-        assert not cache.exists()
-        result = costs()
-    assert trusted(result), "three calibrations in a row failed their checks: is something else running?"
+    key = costs_key(smol_path)
+    cache.parent.mkdir()
+    cache.write_text(json.dumps({key: planted_entry()}))
+    planted = cache.read_text()
+
+    cached = specchat("costs", *args, env=env)
+    assert cached.returncode == 0, cached.stderr
+    lines = cached.stdout.splitlines()
+    assert lines[0] == (f"calibration: measured {minute(PLANTED_AT)}; passed its checks "
+                        "(while measuring: 0.00 cores taken by other programs; tries varied by 0%)")
+    assert {"  n= 1     10.0 ms   1.00x", "  n= 5     12.0 ms   1.20x", "  n=32     25.5 ms   2.55x"} <= set(lines)
+    assert any(line.startswith("draft ") and line.endswith(": 4.0 ms per token, 0.40x a target step") for line in lines)
+    assert lines[-1] == "rollback (trim): a rejected guess is cut from the cache, at no cost"
+    assert cache.read_text() == planted  # read, not measured: nothing written
+
+    before = time.time()
+    passed = costs_checked("", "--remeasure", *args, env=env)
+    after = time.time()
+    entry = json.loads(cache.read_text())[key]["calibration"]
+    assert entry["trusted"] and before <= entry["measured_at"] <= after  # measured now, and cached
+    assert minute(before) <= measured_minute(passed.stdout) <= minute(after)
+    assert "; passed its checks (" in passed.stdout.splitlines()[0]
+    verify = entry["verify_s"]
+    assert all(curve_line(n, verify[n - 1], verify[0]) in passed.stdout.splitlines() for n in (1, 5, 17, 32))
     measured = cache.read_text()
-    again = costs()
-    assert again.stdout == result.stdout and cache.read_text() == measured  # cached: not measured again
-    fresh = costs("--remeasure")
-    # Measured again, whatever came of it: new timings (they never repeat to the last digit printed).
-    assert fresh.stdout.splitlines()[1:] != result.stdout.splitlines()[1:]
-    # A calibration that passed replaces the cached one; one that failed leaves it as it was.
-    assert (cache.read_text() != measured) == trusted(fresh)
+
+    failed = costs_checked("planted problem", "--remeasure", *args, env=env)
+    lines = failed.stdout.splitlines()
+    assert minute(before) <= measured_minute(failed.stdout)
+    assert "; NOT TRUSTED: planted problem (" in lines[0] and lines[1].startswith("  not cached: the next start measures")
+    assert next(line for line in lines if line.startswith("  n= 5 ")).endswith("   5.00x")  # n positions: n steps
+    assert cache.read_text() == measured
+
+    again = specchat("costs", *args, env=env)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == passed.stdout  # what passed was cached, and is read back as it was measured
 
 
 @pytest.mark.real
