@@ -30,7 +30,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import gguf
 import numpy as np
@@ -432,6 +432,99 @@ def _cycle_head(w: _Weights, il: int) -> None:
                         ("nextn.eh_proj", eh), ("nextn.shared_head_head", head)):
         w.writer.add_tensor(f"blk.{il}.{name}.weight", value.astype(np.float16))
     w.ones(f"blk.{il}.nextn.shared_head_norm.weight", N_EMBD)
+
+
+# --- scripted models: one answer, whatever the prompt ------------------------------------------------
+
+# A scripted model says its script one token at a time: token i of it (one-hot at dimension i of the
+# residual stream, plus the constant dimension every row has) leads to token i + 1, SCRIPT_LEAD above the
+# rest; any other token (the prompt's last) leads to the first, and the last to the end of generation.
+SCRIPT_MAX = N_EMBD - 1
+SCRIPT_LEAD = 20.0
+
+
+def write_scripted(out: Path, script: Sequence[str], tokenizer_from: Path | None = None,
+                   added: Sequence[tuple[str, gguf.TokenType]] = (), chat_template: str | None = None) -> Path:
+    """Write a llama model with SmolLM2's tokenizer (from `tokenizer_from`, else the catalog's file), `added`
+    tokens appended to its vocabulary, that answers every prompt with `script` and then its end-of-generation
+    token: each entry is one token, named by the text it stands for (an added token's, or a vocabulary entry's
+    such as " two"), and no token comes twice (the next token depends on the last alone). Real engines, chat
+    templates and reasoning splits then run on tokens whose kind the test chose, such as `<think>` as a
+    user-defined or control token, which no fetchable model has."""
+    if not 0 < len(script) <= SCRIPT_MAX or len(set(script)) != len(script):
+        raise ValueError(f"a script is 1..{SCRIPT_MAX} distinct tokens, got {list(script)!r}")
+    writer = gguf.GGUFWriter(None, "llama")
+    writer.add_name("tiny-scripted")
+    fields = _tokenizer_fields((Path(tokenizer_from) if tokenizer_from else default_tokenizer_path()).resolve())
+    values = {name: value for name, value, _, _ in fields}
+    tokens = [*values[gguf.Keys.Tokenizer.LIST], *(text for text, _ in added)]
+    types = [*values[gguf.Keys.Tokenizer.TOKEN_TYPE], *(int(kind) for _, kind in added)]
+    for name, value, main, sub in fields:
+        if name == gguf.Keys.Tokenizer.CHAT_TEMPLATE and chat_template is not None:
+            continue
+        if name in (gguf.Keys.Tokenizer.SCORES, gguf.Keys.Tokenizer.TOKEN_TYPE, gguf.Keys.Tokenizer.LIST):
+            value = {gguf.Keys.Tokenizer.LIST: tokens, gguf.Keys.Tokenizer.TOKEN_TYPE: types,
+                     gguf.Keys.Tokenizer.SCORES: [*value, *[0.0] * len(added)]}[name]
+        writer.add_key_value(name, value, main, sub_type=sub)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    index = {text: i for i, text in enumerate(tokens)}
+    added_texts = {text for text, _ in added}
+    ids = []
+    for text in script:
+        entry = text if text in added_texts else _byte_level(text)
+        if entry not in index:
+            raise ValueError(f"{text!r} is no single token of this vocabulary")
+        ids.append(index[entry])
+    ids.append(int(values[gguf.Keys.Tokenizer.EOS_ID]))
+    weights = _Scripted(writer, np.random.default_rng(0), len(tokens), cycle=SCRIPT_LEAD, chain=ids)
+    _llama(writer, weights)
+    out = Path(out)
+    tmp = out.with_name(out.name + ".part")
+    writer.write_header_to_file(tmp)
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, out)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte-level BPE alphabet: the character each byte is written as in the vocabulary (a space as
+    "Ġ", a newline as "Ċ")."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b], extra = chr(256 + extra), extra + 1
+    return chars
+
+
+def _byte_level(text: str) -> str:
+    return "".join(_byte_chars()[b] for b in text.encode("utf-8"))
+
+
+@dataclass
+class _Scripted(_Weights):
+    """A scripted model's tables (see SCRIPT_LEAD); its layers are silent, as a cycle model's are."""
+
+    chain: Sequence[int] = ()  # the script's token ids, then the end of generation
+
+    def embeddings(self, n_embd: int) -> None:
+        table = np.zeros((self.n_vocab, n_embd), dtype=np.float32)
+        table[:, _CONST] = 1.0
+        out = np.zeros((self.n_vocab, n_embd), dtype=np.float32)
+        out[self.chain[0], _CONST] = self.cycle / _NORMED  # from the prompt's last token: about 1.4 leads
+        for i, (token, after) in enumerate(zip(self.chain, self.chain[1:])):
+            table[token, i] = 1.0
+            out[after, i] = 2 * self.cycle / _NORMED
+        for name, values in (("token_embd.weight", table), ("output.weight", out)):
+            # each block of 32 holds zeros and one other value, which Q4_0 keeps exactly
+            q4 = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q4_0)
+            self.writer.add_tensor(name, q4, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
 
 
 # --- mamba2 --------------------------------------------------------------------------------
