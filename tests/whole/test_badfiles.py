@@ -138,13 +138,16 @@ def full_disk(tmp_path) -> Path:
     mount = tmp_path / "tmpfs"
     mount.mkdir()
     if shutil.which("mount") is None:
-        not_run("disk full while downloading", "no mount command to make a small file system with")
-        pytest.skip("no mount command to make a small file system with")
+        why = f"needs the mount command, to make a {TMPFS_MB} MiB file system that fills up as a full disk does"
+        not_run("disk full while downloading", why)
+        pytest.skip(why)
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m", "tmpfs", str(mount)],
                           capture_output=True, text=True)
     if done.returncode != 0:
-        not_run("disk full while downloading", f"cannot mount a tmpfs to fill (needs root): {done.stderr.strip()}")
-        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {done.stderr.strip()}")
+        why = (f"needs root, to mount a {TMPFS_MB} MiB tmpfs that fills up as a full disk does (run the tests as root, "
+               f"e.g. in a container, to cover it); mount said: {done.stderr.strip()}")
+        not_run("disk full while downloading", why)
+        pytest.skip(why)
     yield mount
     subprocess.run(["umount", str(mount)], check=True)
 
