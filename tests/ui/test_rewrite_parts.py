@@ -1,0 +1,60 @@
+"""A document longer than the context, rewritten in parts by the rewrite screen: the parts come back together
+with the text that lay between them in the original, whatever it was, so that a rewrite that changed nothing
+saves the original byte for byte."""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import pytest
+from fakes import FakeBackend
+from pilot import make_app, until
+
+from specchat.ui.rewrite import RewriteScreen
+
+SENTENCE = "The quick brown fox jumps over the lazy dog by the quiet river at dawn, {}."
+SENTENCES = [SENTENCE.format(n) for n in range(12)]  # 16 words each: 192 in all, more than one part's 128
+PARAGRAPHS = [" ".join(SENTENCES[i:i + 3]) for i in range(0, 12, 3)]
+
+DOCUMENTS = {  # how the parts are separated: the document's bytes
+    "a blank line": ("\n\n".join(PARAGRAPHS) + "\n").encode(),
+    "three blank lines": ("\n\n".join(PARAGRAPHS[:2]) + "\n\n\n\n" + "\n\n".join(PARAGRAPHS[2:]) + "\n").encode(),
+    "a single newline": ("\n".join(SENTENCES) + "\n").encode(),
+    "CRLF": ("\r\n".join(SENTENCES[:6]) + "\r\n\r\n" + "\r\n".join(SENTENCES[6:]) + "\r\n").encode(),
+    "a space, and nothing at either end": " ".join(SENTENCES).encode(),
+}
+
+
+class Echo(FakeBackend):
+    """Answers each part with the part itself, as a rewrite that changes nothing; a context small enough that
+    the document takes more than one part."""
+
+    n_ctx = 300  # a part is then at most 128 words (rewrite_requests' floor)
+
+    def chat(self, messages, config, guesser, cancel, think=None) -> Iterator:
+        self.answer = messages[-1].content.split("\n\n", 1)[1]  # after the instruction
+        return super().chat(messages, config, guesser, cancel, think)
+
+
+def parts_sent(backend: Echo) -> Sequence[str]:
+    return [messages[-1].content.split("\n\n", 1)[1] for messages, _ in backend.calls]
+
+
+@pytest.mark.parametrize("gap", list(DOCUMENTS))
+async def test_a_rewrite_in_parts_that_changes_nothing_saves_the_original_byte_for_byte(tmp_path, gap):
+    original = DOCUMENTS[gap]
+    doc = tmp_path / "notes.md"
+    doc.write_bytes(original)
+    backend = Echo()
+    app = make_app(tmp_path, backend, rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
+        screen = app.screen
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: screen.review is not None and not screen.running, "the rewrite")
+        assert len(backend.calls) >= 2 and screen.review.changes == []
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: (tmp_path / "notes.rewritten.md").exists(), "the save")
+    parts = parts_sent(backend)
+    assert all(part == part.strip() for part in parts)  # the gaps stay behind: the model is sent none
+    assert (tmp_path / "notes.rewritten.md").read_bytes() == original
