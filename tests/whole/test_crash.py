@@ -1,24 +1,28 @@
-"""SIGKILL at random moments: while chatting, while pulling a model, while rewriting and saving.
+"""SIGKILL while chatting, while pulling a model, while rewriting and saving.
 
-Each trial starts the real app (or the real `specchat pull`) in a child process, kills it
-with SIGKILL after a random delay drawn over the length of an uninterrupted run (for a chat, over
-its answers, from the moment the app is ready), and then
-checks what a restart would find. The random delays come from a fixed seed, so a failing
-trial can be replayed; the assertions never depend on when the kill landed.
+Each trial starts the real app (or the real `specchat pull`) in a child process, kills it with SIGKILL,
+and then checks what a restart would find. A chat's kills and a save's are aimed at a phase by evidence
+that the phase has begun (the rows the app has stored, the temporary file a write has made), so that
+which phases the kills cover does not hang on the machine's speed or load; the pull's and the rewrite's
+come after a random delay drawn over the length of an uninterrupted run. The random draws come from a
+fixed seed, so a failing trial can be replayed; the assertions never depend on when the kill landed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
 import select
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from reliability import tally
@@ -43,11 +47,11 @@ def env(tmp_path_factory) -> dict[str, str]:
             "XDG_DATA_HOME": str(home / "data"), "XDG_CONFIG_HOME": str(home / "config")}
 
 
-def _run(cmd: list[str], env: dict[str, str], kill_after: float | None = None,
-         from_ready: bool = False) -> tuple[int, float]:
-    """Run to the end, or SIGKILL after `kill_after` seconds: counted from the start, or, with
-    `from_ready`, from the child's "ready" line (the app loaded, its answers about to start).
-    Returns (exit status, seconds: from the start, or from "ready")."""
+def _run(cmd: list[str], env: dict[str, str], kill_after: float | None = None, from_ready: bool = False,
+         kill_when: Callable[[], bool] | None = None) -> tuple[int, float]:
+    """Run to the end, or SIGKILL after `kill_after` seconds, or as soon as `kill_when()` holds (it ended
+    first: not at all): counted from the start, or, with `from_ready`, from the child's "ready" line (the
+    app loaded, its answers about to start). Returns (exit status, seconds: from the start, or from "ready")."""
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if from_ready else subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
@@ -55,7 +59,11 @@ def _run(cmd: list[str], env: dict[str, str], kill_after: float | None = None,
         if from_ready:
             ready = _wait_ready(proc)
             start = ready if ready is not None else start
-        if kill_after is not None:
+        if kill_when is not None:
+            _until(proc, kill_when)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+        elif kill_after is not None:
             try:
                 proc.wait(max(0.0, kill_after - (time.monotonic() - start)))
             except subprocess.TimeoutExpired:
@@ -65,8 +73,16 @@ def _run(cmd: list[str], env: dict[str, str], kill_after: float | None = None,
         proc.kill()
     # Not killed (it finished first, or was never to be killed): then it must have succeeded.
     assert proc.returncode in (0, -signal.SIGKILL), err.decode()[-2000:]
-    assert kill_after is not None or proc.returncode == 0, err.decode()[-2000:]
+    assert kill_after is not None or kill_when is not None or proc.returncode == 0, err.decode()[-2000:]
     return proc.returncode, time.monotonic() - start
+
+
+def _until(proc: subprocess.Popen, evidence: Callable[[], bool], timeout: float = 300.0) -> None:
+    """Return once `evidence()` holds or the child has ended. Bounded: a child that never gets there fails."""
+    deadline = time.monotonic() + timeout
+    while not evidence() and proc.poll() is None:
+        assert time.monotonic() < deadline, f"the child did not get there within {timeout:.0f} s"
+        time.sleep(0.005)  # between looks at what the child has done, not a guess at when it will have
 
 
 def _wait_ready(proc: subprocess.Popen, timeout: float = 300.0) -> float | None:
@@ -105,6 +121,31 @@ def lost_messages(messages: list, prompts: list[str], reference: list[str]) -> i
     return lost
 
 
+# Where a chat's kills are aimed: once the app is ready, once answer k is stored (before its first token),
+# once it has streamed a drawn share of its text, once it is complete (between answers).
+PHASES = [("ready", 0)] + [(what, k) for k in range(len(PROMPTS)) for what in ("begun", "streamed", "complete")]
+
+
+def _answers(db: Path) -> list[tuple[str, str]]:
+    """The answers the running app has stored so far, (content, status), read as any other reader may."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)) as con:
+            return con.execute("SELECT content, status FROM messages WHERE role = 'assistant' ORDER BY id").fetchall()
+    except sqlite3.Error:  # not there yet, or just closed by a child that ended: nothing seen this time
+        return []
+
+
+def reached(answers: list[tuple[str, str]], what: str, k: int, chars: int) -> bool:
+    """Whether the stored answers show that the phase has begun: answer k stored, streamed `chars`
+    characters of its text (or finished) or complete."""
+    if what == "ready":
+        return True
+    if len(answers) <= k:
+        return False
+    content, status = answers[k]
+    return what == "begun" or status == "complete" or (what == "streamed" and len(content) >= chars)
+
+
 def _conversation(db: Path) -> list:
     store = Store(db)
     assert store.notice is None, store.notice  # the file was never damaged
@@ -119,41 +160,37 @@ def test_sigkill_while_chatting(tmp_path, env):
     rng = random.Random(20261130)
     child = [sys.executable, str(CHILD), "chat"]
     # Uninterrupted runs: the first fills the cost cache, then one per guesser gives the answers that
-    # the killed runs with that guesser must reproduce exactly, and the time it takes to answer once
-    # the app is ready. Its kills are drawn over that time, counted from each run's own "ready": a
-    # start that has to measure the machine again (a busy one is not trusted) does not push them past
-    # the answers.
+    # the killed runs with that guesser must reproduce exactly.
     _run(child + [str(tmp_path / "warm.db"), str(_config(tmp_path / "warm.toml", "auto")), *PROMPTS[:1]], env)
-    reference, full = {}, {}
+    reference = {}
     for guesser in GUESSERS:
-        _, seconds = _run(child + [str(tmp_path / f"ref-{guesser}.db"),
-                                   str(_config(tmp_path / f"ref-{guesser}.toml", guesser)), *PROMPTS], env,
-                          from_ready=True)
+        _run(child + [str(tmp_path / f"ref-{guesser}.db"), str(_config(tmp_path / f"ref-{guesser}.toml", guesser)),
+                      *PROMPTS], env, from_ready=True)
         reference[guesser] = [m.content for m in _conversation(tmp_path / f"ref-{guesser}.db") if m.role == "assistant"]
         assert len(reference[guesser]) == len(PROMPTS) and all(reference[guesser])
-        full[guesser] = seconds
 
-    trials, mid_answer, checked = 30, 0, 0
+    # Every phase, each with three of the guessers (10 phases against 4 guessers: 20 trials pair each
+    # phase with two, the last 10 with a third).
+    trials = 3 * len(PHASES)
     for trial in range(trials):
-        guesser = GUESSERS[trial % len(GUESSERS)]
+        guesser, (what, k) = GUESSERS[trial % len(GUESSERS)], PHASES[trial % len(PHASES)]
+        chars = max(1, round(rng.uniform(0.1, 0.9) * len(reference[guesser][k])))
         db = tmp_path / f"t{trial}.db"
         code, _ = _run(child + [str(db), str(_config(tmp_path / f"t{trial}.toml", guesser)), *PROMPTS], env,
-                       kill_after=rng.uniform(0.0, 1.0) * full[guesser], from_ready=True)
+                       from_ready=True, kill_when=lambda: reached(_answers(db), what, k, chars))
         messages = _conversation(db) if db.exists() else []
         roles = [m.role for m in messages]
         assert roles == ["user", "assistant"] * (len(roles) // 2) + ["user"] * (len(roles) % 2), roles
+        # The kill came once its phase had begun, whenever that was.
+        answers = [(m.content, m.status) for m in messages if m.role == "assistant"]
+        assert reached(answers, what, k, chars), f"trial {trial} ({guesser}, {what} {k}) was killed before its phase"
         lost = lost_messages(messages, PROMPTS, reference[guesser])
-        checked += sum(m.role == "assistant" for m in messages)
         if messages and messages[-1].role == "assistant" and messages[-1].status == "partial":
-            mid_answer += 1
             tally("SIGKILL while chatting: inside an answer", faults=1, lost=lost)
         elif code == -signal.SIGKILL and messages:
             assert messages[-1].status == "complete"
         tally("SIGKILL while chatting", trials=1, faults=int(code == -signal.SIGKILL), lost=lost)
         assert lost == 0, f"trial {trial} ({guesser}) lost or damaged {lost} message(s): {messages}"
-    # The kills must really have landed inside answers, not only between them.
-    assert mid_answer >= trials // 3, f"only {mid_answer} of {trials} kills hit an answer in progress"
-    assert checked >= trials, f"only {checked} answers were held to their reference"
 
 
 def test_the_loss_count_sees_a_truncated_answer_marked_complete():
@@ -261,24 +298,42 @@ def test_sigkill_while_rewriting_and_saving(tmp_path, env):
         assert visible in (["notes.md"], ["notes.md", "notes.rewritten.md"]) and lost == 0
 
 
+def _kill_mid_write(proc: subprocess.Popen, folder: Path, name: str) -> None:
+    """SIGKILL the saving child inside a write: once its temporary file shows, stop it and look again while it
+    cannot move on; a write that ended meanwhile lets it go on to the next one."""
+    own = f".{name}.{proc.pid}.*.tmp"  # its own: one a killed child left is no evidence of this one writing
+    while True:
+        _until(proc, lambda: any(folder.glob(own)))
+        assert proc.poll() is None, "the save loop ended by itself"
+        proc.send_signal(signal.SIGSTOP)
+        os.waitpid(proc.pid, os.WUNTRACED)  # stopped, not just signalled
+        if any(folder.glob(own)):
+            proc.send_signal(signal.SIGKILL)
+            return
+        proc.send_signal(signal.SIGCONT)
+
+
 def test_sigkill_in_the_middle_of_saves(tmp_path):
-    """The save itself, made long enough (tens of MB) that most kills land inside a write."""
-    rng = random.Random(3)
+    """The save itself, each kill inside a write (made tens of MB long, so that the child is caught in one
+    at once): a torn temporary is left, never a torn file under the real name."""
     texts = [tmp_path / "a.txt", tmp_path / "b.txt"]
     texts[0].write_text("first version\n" * 2_000_000)
     texts[1].write_text("second version\n" * 2_000_000)
     versions = {t.read_text() for t in texts}
     out = tmp_path / "docs" / "doc.rewritten.md"
     out.parent.mkdir()
-    trials, torn = 20, 0
+    trials = 20
     for _ in range(trials):
-        code, _ = _run([sys.executable, str(CHILD), "save", str(out), *map(str, texts)], {**os.environ},
-                       kill_after=rng.uniform(0.3, 1.5))
-        assert code == -signal.SIGKILL
+        proc = subprocess.Popen([sys.executable, str(CHILD), "save", str(out), *map(str, texts)], stdout=subprocess.DEVNULL)
+        try:
+            _kill_mid_write(proc, out.parent, out.name)
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+        finally:
+            proc.kill()
+            proc.wait()
         lost = int(out.exists() and out.read_text() not in versions)  # a torn file under the real name
-        torn += any(out.parent.glob(".*.tmp"))  # a write that the kill interrupted
+        assert any(out.parent.glob(f".{out.name}.{proc.pid}.*.tmp"))  # the write that the kill interrupted
         tally("SIGKILL in the middle of a save", trials=1, faults=1, lost=lost)
         assert lost == 0
     save("after the crashes", out)  # the next save removes what killed saves left behind
     assert [p.name for p in out.parent.iterdir()] == [out.name]
-    assert torn >= trials // 4, f"only {torn} of {trials} kills interrupted a write"
