@@ -20,7 +20,7 @@ DOCUMENTS = {  # how the parts are separated: the document's bytes
     "a blank line": ("\n\n".join(PARAGRAPHS) + "\n").encode(),
     "three blank lines": ("\n\n".join(PARAGRAPHS[:2]) + "\n\n\n\n" + "\n\n".join(PARAGRAPHS[2:]) + "\n").encode(),
     "a single newline": ("\n".join(SENTENCES) + "\n").encode(),
-    "CRLF": ("\r\n".join(SENTENCES[:6]) + "\r\n\r\n" + "\r\n".join(SENTENCES[6:]) + "\r\n").encode(),
+    "a single CRLF": ("\r\n".join(SENTENCES) + "\r\n").encode(),
     "a space, and nothing at either end": " ".join(SENTENCES).encode(),
 }
 
