@@ -76,7 +76,7 @@ class Engine:
         stats = Stats(n_prompt=len(prompt), cached=cached, prefill_s=time.perf_counter() - t0)
         yield Prefill(len(prompt), cached, stats.prefill_s)
 
-        t_decode = time.perf_counter()
+        t_decode = last_end = time.perf_counter()
         context = list(prompt)
         generated: list[int] = []
         answer: list[str] = []
@@ -109,9 +109,11 @@ class Engine:
                     break
             context.extend(new)
             answer.append("".join(released))
+            now = time.perf_counter()
             step = Step(tuple(tokens), answer[-1], drafted=len(r.proposal.tokens), accepted=len(r.kept),
                         draft_s=r.draft_s, verify_s=r.verify_s, guesser=r.proposal.guesser, rollback_s=r.rollback_s,
-                        sync_s=r.proposal.sync_s, ended=reason == "eog")
+                        sync_s=r.proposal.sync_s, ended=reason == "eog", span_s=now - last_end)
+            last_end = now
             self.guesser.observe(step.drafted, step.accepted, step.draft_s)
             stats = stats.add_step(step)
             yield step

@@ -53,6 +53,10 @@ class Step:
     # The step's last token was the end of generation: decoded like any other (plain decoding pays a step
     # for it too), but not shown, so not among `tokens`.
     ended: bool = False
+    # Wall seconds from the previous step's end (or the prefill's) to this one's: the guess, the check and
+    # everything between steps (the engine's own work, whoever reads the events), so that the steps' spans
+    # add up to `Stats.wall_s`, the time behind the tok/s a user sees. 0: not measured (a step made up).
+    span_s: float = 0.0
     # A reasoning model's thinking among the released text: the conversation service splits it out, and
     # `text` is then the answer's part alone.
     thinking: str = ""

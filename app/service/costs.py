@@ -106,7 +106,7 @@ class PairCosts:
                 token[s.guesser].append((s.draft_s - s.sync_s) / s.drafted)
         now = time.monotonic()
         with self._lock:
-            self.plain.extend((now, seconds) for seconds in verify.get(1, ()))
+            self.plain.extend((now, span(s)) for s in steps if not s.drafted)
             self.learned.add_answer(verify, token, time.time() if when is None else when)
             self._refit()
 
@@ -134,20 +134,23 @@ class PairCosts:
         The speedup is what plain decoding would have spent on the answer's tokens, at `plain_step` of its
         own plain steps (never the curve's scaling of the guessing ones, which a wrong figure would bend with
         what it judges), over what its steps cost: its plain steps at that same figure, its guessing steps
-        as they ran but for a step something else delayed (SPIKE times what the answer's steps typically took
-        against the curve: counted at that), and what proposing took. So an answer of plain steps shows
-        exactly 1.00x, and another program's moment moves a rewrite's figure by what it cost, where one
-        delayed step among its 7 plain ones made it show 1.48x for 1.15x. `plain_s` is set so that
+        as they ran but for a check something else delayed (SPIKE times what the answer's checks typically
+        took against the curve: counted at that). Steps are counted by their spans, everything between one
+        step's end and the next's: what a user waits for, and what `wall_tokens_per_s` divides by. Counting
+        the guess and the check alone left out proposing, rewinding and the engine's own work, so that a
+        rewrite measured at 1.16x of plain decoding by the clock showed 1.36x. So an answer of plain steps
+        shows exactly 1.00x, and another program's moment moves a rewrite's figure by what it cost, where
+        one delayed step among its 7 plain ones made it show 1.48x for 1.15x. `plain_s` is set so that
         `Done.speedup` is that ratio."""
         produced = done.stats.produced
         if not steps or not produced:
             return done
         ratios = [(s.verify_s - s.rollback_s) / float(before.verify(s.drafted + 1)) for s in steps]
         slowdown = float(np.median(ratios))
-        plain_steps = [s.verify_s for s in steps if not s.drafted]
+        plain_steps = [span(s) for s in steps if not s.drafted]
         plain = self.plain_step(plain_steps) or float(before.verify(1))
-        cost = sum(s.draft_s for s in steps) + plain * len(plain_steps) + sum(
-            min(s.verify_s, SPIKE * slowdown * float(before.verify(s.drafted + 1)) + s.rollback_s)
+        cost = plain * len(plain_steps) + sum(
+            span(s) - s.verify_s + min(s.verify_s, SPIKE * slowdown * float(before.verify(s.drafted + 1)) + s.rollback_s)
             for s in steps if s.drafted)
         return replace(done, plain_s=plain * done.stats.decode_s / cost, slowdown=slowdown,
                        contention=contention or 0.0)
@@ -183,6 +186,12 @@ class PairCosts:
                      f"figure) correct the calibration's figures, the rest move with them; within {MOVE:.2f}x of it until "
                      f"{AGREE} answers at least {AGREE_S / 60:.0f} minutes apart agree")
         return lines
+
+
+def span(step: Step) -> float:
+    """A step's seconds as the clock saw them, where the engine measured its span (made-up steps: the guess
+    and the check)."""
+    return step.span_s or step.draft_s + step.verify_s
 
 
 def _calibration(data: dict | None) -> Calibration | None:

@@ -160,6 +160,10 @@ def test_provenance_and_counts_add_up(smol):
     assert {t.source for s in steps for t in s.tokens} & {Source.DRAFT, Source.BONUS}
     for s in steps:
         assert [t.source for t in s.tokens[:s.accepted]] == [Source.DRAFT] * s.accepted
+        assert s.span_s >= s.draft_s + s.verify_s  # a step's span holds its guess and its check
+    # The spans tile the decoding: together they are the wall time tok/s as shown divides by, but for what
+    # follows the last step (releasing held-back text).
+    assert done.stats.decode_s <= sum(s.span_s for s in steps) <= done.stats.wall_s
 
 
 def test_stop_string_ends_generation_and_is_not_shown(smol):
