@@ -10,6 +10,7 @@ import ctypes
 import os
 import re
 from pathlib import Path
+from typing import Iterable
 
 import llama_cpp
 from llama_cpp import _internals
@@ -99,6 +100,7 @@ class Model:
         self.metadata = self._model.metadata()
         self.name = self.metadata.get("general.name", self.path.stem)
         self._piece_buf = ctypes.create_string_buffer(256)
+        self._shown: set[int] = set()  # control tokens whose text is shown all the same (`show`)
         self.session = Session(self)
 
     # --- tokenizer -------------------------------------------------------------------------
@@ -108,13 +110,23 @@ class Model:
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes a token stands for (possibly part of a UTF-8 character); control tokens
-        such as <|im_end|> are empty unless `special`."""
+        such as <|im_end|> are empty unless `special` or shown (`show`)."""
+        special = special or token in self._shown
         n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
         if n < 0:  # llama.cpp says how many bytes the piece needs: a longer buffer for this one
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
             return buf.raw[:n]
         return self._piece_buf.raw[:n]
+
+    def show(self, markers: Iterable[str]) -> None:
+        """Show the text of each marker that is one control token of this vocabulary, as llama.cpp's server
+        keeps a template's "preserved tokens": a model whose `</think>` is a control token would otherwise
+        stream it as nothing, and its thinking would never be told from its answer."""
+        for marker in markers:
+            tokens = self.tokenize(marker, add_bos=False) if marker else []
+            if len(tokens) == 1 and self.is_control(tokens[0]):
+                self._shown.add(tokens[0])
 
     def token_text(self, token: int) -> str:
         """The vocabulary entry itself, special tokens included, for messages and compatibility."""

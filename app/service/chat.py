@@ -108,7 +108,8 @@ class ChatService:
     def _reasoning(self, variables: dict[str, Any]) -> Reasoning:
         key = json.dumps(variables, sort_keys=True, default=str)
         if key not in self._reasonings:
-            self._reasonings[key] = reasoning_of(self.prompter.template, variables)
+            reasoning = self._reasonings[key] = reasoning_of(self.prompter.template, variables)
+            self.target.show([reasoning.open, reasoning.close, *(reasoning.wrap or ())])
         return self._reasonings[key]
 
     def complete(self, prompt: str | Sequence[int], config: GenerationConfig, guesser: str,

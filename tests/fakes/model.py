@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -91,7 +91,7 @@ class ScriptedModel:
     def __init__(self, seed: int = 0, sharpness: float = 1.0, vocab: int = 6, order: int = 2, n_ctx: int = 256,
                  text: bool = False, name: str = "scripted", memory: Memory = Memory.TRIM,
                  path: Path | None = None) -> None:
-        self.text = text
+        self.text, self.shown = text, set[int]()
         self.n_vocab = 256 + len(SPECIALS) if text else vocab
         self.order, self.n_ctx, self.name, self.memory = order, n_ctx, name, memory
         self.path = path or Path(f"{name}.gguf")
@@ -129,8 +129,14 @@ class ScriptedModel:
         if not self.text:
             return bytes([97 + token])
         if token >= 256:
-            return SPECIALS[token - 256].encode() if special else b""
+            return SPECIALS[token - 256].encode() if special or token in self.shown else b""
         return bytes([token])
+
+    def show(self, markers: Iterable[str]) -> None:  # as Model.show
+        for marker in markers:
+            tokens = self.tokenize(marker, add_bos=False) if marker else []
+            if len(tokens) == 1 and self.is_control(tokens[0]):
+                self.shown.add(tokens[0])
 
     def token_text(self, token: int) -> str:
         return self.piece(token, special=True).decode("latin-1")
