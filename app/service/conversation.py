@@ -59,10 +59,13 @@ def attach(text: str, files: Sequence[tuple[Path, str]]) -> str:
 
 
 class ConversationController:
-    """One conversation of the store, and the answer being written into it (at most one at a time)."""
+    """One conversation of the store, as one window shows it, and the answer being written into it (at most
+    one at a time). The window keeps its own branch (`head`): another window on the same conversation that
+    switches branch changes what opens next, never what this one shows, sends or adds to."""
 
     def __init__(self, store: Store, conversation_id: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.id, self._clock = store, conversation_id, clock
+        self.head = store.head(conversation_id)  # the last message of the branch on screen (None: none yet)
         self._answer: int | None = None  # the streaming answer's message id
         self._text = ""
         self._saved = float("-inf")
@@ -80,7 +83,21 @@ class ConversationController:
     # --- reading --------------------------------------------------------------------------
 
     def messages(self) -> list[StoredMessage]:
-        return self.store.messages(self.id)
+        """The branch on screen, which stays this window's from the first read on (`head`)."""
+        messages = self.store.messages(self.id, self.head)
+        self.head = messages[-1].id if messages else None
+        return messages
+
+    def _add(self, role: str, content: str, status: str = "complete", model: str | None = None,
+             after: int | None | str = "end") -> int:
+        """A message at the end of the branch on screen (or `after` a given message: a branch there)."""
+        self.head = self.store.add_message(self.id, role, content, status, model=model,
+                                           after=self._tail() if after == "end" else after)
+        return self.head
+
+    def _tail(self) -> int | None:
+        shown = self.messages()
+        return shown[-1].id if shown else None
 
     @property
     def server(self) -> str | None:
@@ -105,13 +122,13 @@ class ConversationController:
         if not self.messages():
             self.store.rename(self.id, text.splitlines()[0][:TITLE_LENGTH])
         content = attach(text, attachments)
-        self.store.add_message(self.id, "user", content, after=instead_of.parent if instead_of else "head")
+        self._add("user", content, after=instead_of.parent if instead_of else "end")
         return content
 
     def end_at(self, message: StoredMessage) -> None:
         """Let the branch on screen end at this message: the next answer becomes a branch beside what
         followed it (regenerate), which stays."""
-        self.store.show(self.id, message.id, down=False)
+        self.head = self.store.show(self.id, message.id, down=False)
 
     def show_found(self, query: str) -> bool:
         """Where the branch on screen holds nothing that a search for `query` found, show the branch through the
@@ -120,7 +137,7 @@ class ConversationController:
         found = self.store.found(self.id, query)
         if not found or set(found) & {m.id for m in self.messages()}:
             return False
-        self.store.show(self.id, found[-1])
+        self.head = self.store.show(self.id, found[-1])
         return True
 
     def switch(self, message: StoredMessage, step: int) -> bool:
@@ -132,7 +149,7 @@ class ConversationController:
         at = siblings.index(message.id) + step
         if not 0 <= at < len(siblings):
             return False
-        self.store.show(self.id, siblings[at])
+        self.head = self.store.show(self.id, siblings[at])
         return True
 
     def begin_answer(self, model: str, server: str | None) -> None:
@@ -140,7 +157,8 @@ class ConversationController:
         survives, marked interrupted. A server that answers marks the conversation."""
         if server is not None and self.server != server:
             self.store.set_server(self.id, server)
-        self._answer = self.store.add_message(self.id, "assistant", "", "partial", model=model)
+        self._asked = self._tail()  # where the branch on screen goes back to if the answer comes to nothing
+        self._answer = self._add("assistant", "", "partial", model=model, after=self._asked)
         self._text, self._thinking, self._saved = "", "", float("-inf")
 
     def stream(self, text: str, thinking: str = "") -> None:
@@ -179,6 +197,7 @@ class ConversationController:
             self.store.update_message(self._answer, self._text, "stopped", thinking=self._thinking.strip())
         else:
             self.store.delete_message(self._answer)
+            self.head = self._asked
         self._answer = None
         return bool(self._text or self._thinking)
 
@@ -194,5 +213,5 @@ class ConversationController:
         """Write the conversation as Markdown next to the database, under exports/."""
         out = self.store.path.parent / "exports" / f"conversation-{self.id}.md"
         out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(out, self.store.export_markdown(self.id))
+        atomic_write(out, self.store.export_markdown(self.id, self.head))
         return out

@@ -264,9 +264,9 @@ class Store:
         rows = self.db.execute("SELECT thinking, content FROM messages WHERE content != '' OR thinking != '' ORDER BY id")
         return [text for row in rows for text in row if text]
 
-    def messages(self, conversation_id: int) -> list[StoredMessage]:
-        """The branch on screen: from the first message to the conversation's head, each with where it
-        stands among its siblings."""
+    def messages(self, conversation_id: int, head: int | None = None) -> list[StoredMessage]:
+        """The branch on screen: from the first message to `head` (a window's own; where it is gone or not
+        given, the conversation's head, the branch last shown), each with where it stands among its siblings."""
         rows = self.db.execute("SELECT id, role, content, status, stats, model, thinking, parent_id FROM messages "
                                "WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
         if not rows:
@@ -275,7 +275,7 @@ class Store:
         children: dict[int | None, list[int]] = {}
         for row in rows:
             children.setdefault(row[7], []).append(row[0])
-        at = self._head(conversation_id)
+        at = head if head in by_id else self.head(conversation_id)
         path = []
         while at is not None:
             path.append(by_id[at])
@@ -287,7 +287,7 @@ class Store:
                                      siblings.index(i) + 1, len(siblings)))
         return out
 
-    def _head(self, conversation_id: int) -> int | None:
+    def head(self, conversation_id: int) -> int | None:
         """The last message of the branch on screen: the conversation's head, or its newest message where the
         head is not one of its messages (None: it has none)."""
         return self.db.execute(
@@ -301,14 +301,16 @@ class Store:
                                "AND s.parent_id IS m.parent_id WHERE m.id = ? ORDER BY s.id", (message_id,))
         return [row[0] for row in rows]
 
-    def show(self, conversation_id: int, message_id: int, down: bool = True) -> None:
+    def show(self, conversation_id: int, message_id: int, down: bool = True) -> int:
         """Show the branch through this message: down to the newest message written after it (or, not
-        `down`, ending at it: the next message then starts a branch there)."""
+        `down`, ending at it: the next message then starts a branch there). Returns the branch's last message,
+        kept as the conversation's head: the branch the next window to open it shows."""
         at = message_id
         while down and (child := self.db.execute("SELECT max(id) FROM messages WHERE parent_id = ?",
                                                  (at,)).fetchone()[0]):
             at = child
         self.db.execute("UPDATE conversations SET head = ? WHERE id = ?", (at, conversation_id))
+        return at
 
     def add_message(self, conversation_id: int, role: str, content: str, status: str = "complete",
                     stats: dict | None = None, model: str | None = None, after: int | None | str = "head") -> int:
@@ -321,7 +323,7 @@ class Store:
             # then find at the write that the other instance committed in between ("database is locked").
             self.db.execute("BEGIN IMMEDIATE")
             if after == "head":
-                after = self._head(conversation_id)
+                after = self.head(conversation_id)
             cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, status, stats, created, "
                                   "model, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                   (conversation_id, role, content, status, json.dumps(stats) if stats else None, now,
@@ -353,12 +355,12 @@ class Store:
                 self.db.execute("UPDATE conversations SET head = (SELECT max(id) FROM messages WHERE conversation_id = ?)"
                                 " WHERE id = ?", (conversation_id, conversation_id))
 
-    def export_markdown(self, conversation_id: int) -> str:
+    def export_markdown(self, conversation_id: int, head: int | None = None) -> str:
         title = self.db.execute("SELECT title FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         lines = [f"# {title[0] if title else 'Conversation'}", ""]
         if server := self.server(conversation_id):
             lines += [f"Answered by the server at {server}", ""]
-        for m in self.messages(conversation_id):
+        for m in self.messages(conversation_id, head):
             mark = {"stopped": " (stopped)", "partial": " (interrupted)"}.get(m.status, "") + (
                 f" (branch {m.branch} of {m.branches})" if m.branches > 1 else "")
             lines += [f"## {m.role.capitalize()}{mark}", ""]

@@ -3,7 +3,6 @@ open on one conversation, each on a branch of its own."""
 
 from __future__ import annotations
 
-import pytest
 from fakes import FakeBackend
 from pilot import answered, make_app, send, until
 
@@ -73,8 +72,6 @@ def test_two_windows_sending_on_their_own_branches_lose_nothing(tmp_path):
     assert Store(tmp_path / "chat.db").db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
-@pytest.mark.xfail(strict=True, reason="the branch on screen is the conversation's, in the database "
-                   "(conversations.head), so a switch in one window moves every window's: issue 40")
 def test_a_branch_switched_in_one_window_leaves_the_other_window_on_its_own(tmp_path):
     """The right window keeps showing the second answer while the left goes back to the first and sends: its
     view, the prompt it sends next, and where its message is stored all stay on its own branch."""
