@@ -364,8 +364,11 @@ def _burn(until: float) -> None:
 @pytest.mark.real
 def test_a_measurement_under_load_is_repaired_or_not_cached(smol_path, monkeypatch, tmp_path):
     """Other programs keep every core busy (loops that stop by themselves within a minute) while the
-    curve is measured: what is cached then is within 1.5 times a quiet measurement, or
-    nothing is cached. (This test loads the machine on purpose; run alone, as every test that times.)"""
+    curve is measured: what is cached then is within 1.5 times a quiet measurement, or nothing is cached.
+    Where the reference itself was not quiet (the suite run beside another program: it fails its own
+    checks), what is cached keeps the reference's shape, each position's cost against one position's
+    within 1.5 times, as a slower machine's would: a curve poisoned flat (300 ms at every position) has
+    not. (This test loads the machine on purpose; run alone, as every test that times.)"""
     import multiprocessing
 
     from specchat.decoding.calibrate import measure_curve
@@ -374,7 +377,8 @@ def test_a_measurement_under_load_is_repaired_or_not_cached(smol_path, monkeypat
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     model = Model(smol_path, n_ctx=512)
     try:
-        quiet = measure_curve(model, None).curve
+        reference = measure_curve(model, None)
+        quiet = reference.curve
         burners = [multiprocessing.Process(target=_burn, args=(time.time() + 60,), daemon=True)
                    for _ in range(os.cpu_count() or 1)]
         for burner in burners:
@@ -392,7 +396,10 @@ def test_a_measurement_under_load_is_repaired_or_not_cached(smol_path, monkeypat
             assert costs.calibration.problem
         else:
             curve = cached["calibration"]["verify_s"]  # monotone by construction (test_a_curve_that_goes_down...)
-            assert all(c / q < 1.5 and q / c < 1.5 for c, q in zip(curve, quiet.verify_s)), (curve, quiet.verify_s)
+            if reference.trusted:
+                assert all(c / q < 1.5 and q / c < 1.5 for c, q in zip(curve, quiet.verify_s)), (curve, quiet.verify_s)
+            shape = [(c / curve[0]) / (q / quiet.verify_s[0]) for c, q in zip(curve, quiet.verify_s)]
+            assert all(1 / 1.5 < r < 1.5 for r in shape), (curve, quiet.verify_s)
     finally:
         model.close()
 
