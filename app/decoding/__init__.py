@@ -9,7 +9,6 @@
 - `calibrate`: this machine's decode cost curve, measured and checked before it is trusted.
 - `timing`: step times learned from real steps, correcting the calibration into the live curve.
 - `history`: the index of past conversations' texts that the history guesser copies from.
-- `reasoning`: a reasoning model's thinking told apart from its answer as the text streams.
 - `engine`: the decode loop that turns a prompt into events: propose, verify in one batch, keep the path
   the rule took, take back the rest.
 - `events`: the frozen `Prefill`, `Step` and `Done` events that every consumer reads.

@@ -10,6 +10,7 @@ the measuring tools are thin adapters over it. Nothing here uses Textual.
   that keep two specchat processes from answering at once.
 - `chat`: the service over a pair: the prompter and KV-cache reuse across turns, the guessers and their
   restart rule, the context policy.
+- `reasoning`: how a chat template marks thinking, read off the template, and the pure text splitter.
 - `thinking`: the engine's events with a reasoning model's thinking split out of the answer.
 - `history`: the history index kept in step with the stored conversations.
 - `events`: what the service adds to the engine's events (a `Notice`, a server's `Chunk`).

@@ -16,13 +16,13 @@ from specchat.decoding.calibrate import OtherLoad
 from specchat.decoding.engine import Engine, GenerationConfig
 from specchat.decoding.events import Done, Event, Stats, Step
 from specchat.decoding.guessers import REGISTRY, Guesser, Inputs, available, build, unavailable
-from specchat.decoding.reasoning import Reasoning, reasoning_of
 from specchat.errors import SpecchatError
 from specchat.llama.template import ChatPrompter, Message
 from specchat.service.costs import machine_turns
 from specchat.service.events import ChatEvent, Notice
 from specchat.service.history import History
 from specchat.service.pair import LoadedPair
+from specchat.service.reasoning import Reasoning, reasoning_of
 from specchat.service.thinking import ThinkingSplit
 
 # Room kept for the answer when old turns must go: the max-tokens setting, up to this much.

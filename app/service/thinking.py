@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specchat.decoding.events import Done, Event, Step
-from specchat.decoding.reasoning import Format, Reasoning, Splitter, split
 from specchat.service.events import ChatEvent, Notice
+from specchat.service.reasoning import Format, Reasoning, Splitter, split
 
 
 class ThinkingSplit:

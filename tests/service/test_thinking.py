@@ -10,13 +10,13 @@ import pytest
 
 from specchat.decoding.engine import GenerationConfig
 from specchat.decoding.events import Done, Source, Stats, Step, Token
-from specchat.decoding.reasoning import Reasoning
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
 from specchat.service.events import Notice
 from specchat.service.loader import load_pair
+from specchat.service.reasoning import Reasoning
 from specchat.service.thinking import ThinkingSplit
 
 

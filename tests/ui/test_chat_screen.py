@@ -16,10 +16,10 @@ from pilot import answered, make_app, send, settled, until
 from textual.widgets import Input, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownFence
 
-from specchat.decoding.reasoning import Reasoning
 from specchat.llama.template import Message
 from specchat.service.choices import ModelChoice
 from specchat.service.events import BackendEvent
+from specchat.service.reasoning import Reasoning
 from specchat.service.settings import load_settings
 from specchat.service.thinking import ThinkingSplit
 from specchat.store.conversations import Store

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specchat.decoding.reasoning import RESPONSE, Format, Reasoning, Splitter, reasoning_of, split
 from specchat.llama.template import ChatTemplate
+from specchat.service.reasoning import RESPONSE, Format, Reasoning, Splitter, reasoning_of, split
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 HARMONY = Reasoning(Format.HARMONY)
