@@ -39,10 +39,13 @@ SHARP = 20.0  # the successor's logit lead: greedy, and sampling at T=1 all but 
 PROMPT = "etaoin"  # on the cycle, so that the head's very first draft lines up too
 
 
-def write_pair(out: Path, cycle: float = SHARP, vocab: int = VOCAB) -> tuple[Path, Path]:
-    """A qwen35 cycle target (with its MTP head) and a llama cycle draft, same tokenizer."""
-    return (tiny_gguf.write("qwen35", out / f"cycle-qwen35-{vocab}-{cycle:g}.gguf", vocab=vocab, cycle=cycle),
-            tiny_gguf.write("llama", out / f"cycle-llama-{vocab}-{cycle:g}.gguf", vocab=vocab, cycle=cycle))
+def write_pair(out: Path, cycle: float = SHARP, vocab: int = VOCAB,
+               spread: float | None = None) -> tuple[Path, Path]:
+    """A qwen35 cycle target (with its MTP head) and a llama cycle draft, same tokenizer; with `spread`,
+    the other tokens' logits fall along the cycle instead of tying at 0 (tiny_gguf.cycle_logits)."""
+    name = f"{vocab}-{cycle:g}" + ("" if spread is None else f"-{spread:g}")
+    return (tiny_gguf.write("qwen35", out / f"cycle-qwen35-{name}.gguf", vocab=vocab, cycle=cycle, spread=spread),
+            tiny_gguf.write("llama", out / f"cycle-llama-{name}.gguf", vocab=vocab, cycle=cycle, spread=spread))
 
 
 # --- the plants: each a context manager that patches one line's worth of the real code -------------

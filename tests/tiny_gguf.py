@@ -75,7 +75,7 @@ def default_tokenizer_path() -> Path:
 
 
 def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokenizer_from: Path | None = None,
-          cycle: float | None = None, chat_template: str | None = None) -> Path:
+          cycle: float | None = None, chat_template: str | None = None, spread: float | None = None) -> Path:
     """Write a tiny `arch` model to `out` and return its path.
 
     vocab: None copies SmolLM2's tokenizer (from `tokenizer_from`, else the catalog's file);
@@ -85,6 +85,9 @@ def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokeniz
     next token follows the last one round a fixed cycle (`successor`), with that token's logit
     `cycle` above the others', and qwen35's MTP head predicts the token after next from the
     pending token and the trunk's hidden state (see `_cycle_head`).
+    spread: a cycle model whose other tokens are not all tied at 0: each falls `spread` further behind
+    for every step it lies past the successor round the cycle (`cycle_logits`), in the target and its
+    MTP head alike, so top-k keeps exactly k tokens.
     chat_template: the file carries this template instead of its tokenizer's (a reasoning model's, from
     tests/templates/, where no such model can be fetched).
     """
@@ -92,6 +95,8 @@ def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokeniz
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
     if cycle is not None and (arch not in _CYCLE_ARCHS or vocab is None or vocab > CYCLE_MAX_VOCAB):
         raise ValueError(f"a cycle model is {' or '.join(_CYCLE_ARCHS)} with --vocab at most {CYCLE_MAX_VOCAB}")
+    if spread is not None and (cycle is None or spread <= 0):
+        raise ValueError("spread goes with cycle, and is positive")
     out = Path(out)
     writer = gguf.GGUFWriter(None, arch)  # path given at write time, to a temporary name
     writer.add_name(f"tiny-{arch}")
@@ -104,7 +109,7 @@ def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokeniz
         writer.add_chat_template(chat_template)
     # The assistant draws from its own stream, so a pair written with one seed has unrelated weights.
     rng = np.random.default_rng([seed, _SEED_STREAM[arch]] if arch in _SEED_STREAM else seed)
-    weights = _Weights(writer, rng, n_vocab, cycle)
+    weights = _Weights(writer, rng, n_vocab, cycle, spread)
     _BUILDERS[arch](writer, weights)
     # Write beside the target and rename, so a reader never sees half a file.
     tmp = out.with_name(out.name + ".part")
@@ -214,6 +219,7 @@ class _Weights:
     rng: np.random.Generator
     n_vocab: int
     cycle: float | None = None  # a constructed cycle model's successor logit (module docstring of `write`)
+    spread: float | None = None  # and its other tokens' fall along the cycle (None: all at 0)
 
     def matrix(self, name: str, rows: int, cols: int) -> None:
         """A (rows, cols) f16 weight for ggml's mul_mat, fan-in scaled so activations stay O(1).
@@ -242,7 +248,7 @@ class _Weights:
             self.writer.add_tensor("token_embd.weight", _cycle_rows(self.n_vocab, n_embd).astype(np.float16))
             out = np.zeros((self.n_vocab, n_embd))
             for j in range(self.n_vocab):
-                out[successor(j, self.n_vocab), j] = self.cycle / _NORMED
+                out[:, j] = cycle_logits(successor(j, self.n_vocab), self.n_vocab, self.cycle, self.spread) / _NORMED
             self.writer.add_tensor("output.weight", out.astype(np.float16))
             return
         table = (self.rng.standard_normal((self.n_vocab, n_embd)) * EMBD_STD).astype(np.float32)
@@ -391,6 +397,24 @@ def successor(token: int, n_vocab: int) -> int:
     return token + 1 if first <= token < sink - 1 else first
 
 
+def cycle_logits(answer: int, n_vocab: int, cycle: float, spread: float | None = None) -> np.ndarray:
+    """The logits of a cycle model whose next token is `answer`: `cycle` for it and 0 for the rest, or
+    with `spread`, -spread * r for the token r steps past it round the cycle, and for the tokens the
+    cycle never reaches from it (the specials, and the sink past an ordinary token) a step below them
+    all. Distinct above those, so that top-k keeps k tokens, none of them the end of generation."""
+    logits = np.zeros(n_vocab)
+    if spread is not None:
+        logits[:] = -spread * n_vocab
+        token = answer
+        for steps in range(n_vocab):
+            logits[token] = -spread * steps
+            token = successor(token, n_vocab)
+            if token == answer or logits[token] > -spread * n_vocab:
+                break
+    logits[answer] = cycle
+    return logits
+
+
 def _cycle_rows(n_vocab: int, n_embd: int) -> np.ndarray:
     table = np.zeros((n_vocab, n_embd))
     table[np.arange(n_vocab), np.arange(n_vocab)] = 1.0
@@ -427,7 +451,7 @@ def _cycle_head(w: _Weights, il: int) -> None:
     down[2 * v + nexts, tokens] = 1.0
     down[2 * v + sink, v] = 1.0
     head = np.zeros((v, N_EMBD))
-    head[tokens, 2 * v + tokens] = w.cycle / _NORMED
+    head[:, 2 * v + tokens] = np.stack([cycle_logits(a, v, w.cycle, w.spread) for a in tokens], axis=1) / _NORMED
     for name, value in (("ffn_gate", gate), ("ffn_up", gate), ("ffn_down", down),
                         ("nextn.eh_proj", eh), ("nextn.shared_head_head", head)):
         w.writer.add_tensor(f"blk.{il}.{name}.weight", value.astype(np.float16))
@@ -716,6 +740,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cycle", type=float, metavar="LOGIT",
                         help=f"a constructed model (qwen35 or llama, --vocab at most {CYCLE_MAX_VOCAB}) whose next token "
                              "follows a fixed cycle, LOGIT above the rest; qwen35's MTP head agrees with it")
+    parser.add_argument("--spread", type=float, metavar="LOGIT",
+                        help="with --cycle: the other tokens fall LOGIT further behind each step past the successor")
     parser.add_argument("--tokenizer-from", type=Path, help="GGUF to copy the tokenizer from (default: SmolLM2-135M)")
     parser.add_argument("--chat-template", type=Path, help="a Jinja file the model carries as its chat template "
                         "(e.g. tests/templates/Qwen-Qwen3-0.6B.jinja)")
@@ -736,7 +762,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         template = args.chat_template.read_text(encoding="utf-8") if args.chat_template else None
         path = write(args.arch, args.out, vocab=args.vocab, seed=args.seed, tokenizer_from=tokenizer_from,
-                     cycle=args.cycle, chat_template=template)
+                     cycle=args.cycle, chat_template=template, spread=args.spread)
     except ValueError as e:
         parser.error(str(e))
     print(path)
