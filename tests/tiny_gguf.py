@@ -400,8 +400,9 @@ def successor(token: int, n_vocab: int) -> int:
 def cycle_logits(answer: int, n_vocab: int, cycle: float, spread: float | None = None) -> np.ndarray:
     """The logits of a cycle model whose next token is `answer`: `cycle` for it and 0 for the rest, or
     with `spread`, -spread * r for the token r steps past it round the cycle, and for the tokens the
-    cycle never reaches from it (the specials, and the sink past an ordinary token) a step below them
-    all. Distinct above those, so that top-k keeps k tokens, none of them the end of generation."""
+    cycle never reaches from it (the specials, and the sink past an ordinary token) -spread * n_vocab,
+    below them all. Distinct above those, so that top-k keeps k tokens (k up to the cycle's length), none
+    of them the end of generation."""
     logits = np.zeros(n_vocab)
     if spread is not None:
         logits[:] = -spread * n_vocab
