@@ -101,6 +101,7 @@ class Model:
         self.name = self.metadata.get("general.name", self.path.stem)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._shown: set[int] = set()  # control tokens whose text is shown all the same (`show`)
+        self._controls: dict[str, int] | None = None  # every control token, by its text (read once, by `show`)
         self.session = Session(self)
 
     # --- tokenizer -------------------------------------------------------------------------
@@ -122,11 +123,11 @@ class Model:
     def show(self, markers: Iterable[str]) -> None:
         """Show the text of each marker that is one control token of this vocabulary, as llama.cpp's server
         keeps a template's "preserved tokens": a model whose `</think>` is a control token would otherwise
-        stream it as nothing, and its thinking would never be told from its answer."""
-        for marker in markers:
-            tokens = self.tokenize(marker, add_bos=False) if marker else []
-            if len(tokens) == 1 and self.is_control(tokens[0]):
-                self._shown.add(tokens[0])
+        stream it as nothing, and its thinking would never be told from its answer. Found by the vocabulary's
+        own text, not by tokenizing the marker, which aborts the process on some tokenizers."""
+        if self._controls is None:
+            self._controls = {self.token_text(t): t for t in range(self.n_vocab) if self.is_control(t)}
+        self._shown |= {self._controls[m] for m in markers if m in self._controls}
 
     def token_text(self, token: int) -> str:
         """The vocabulary entry itself, special tokens included, for messages and compatibility."""
