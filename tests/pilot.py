@@ -45,3 +45,13 @@ async def send(pilot, app: SpecchatApp, text: str) -> None:
     await until(pilot, lambda: app.ready, "models to load")
     app.query_one("#input").text = text
     await pilot.press("enter")
+
+
+async def regenerated(pilot, app: SpecchatApp, backend: FakeBackend) -> None:
+    """"Tell me a story" answered twice: "A first story.", then, regenerated, "A second story." on screen."""
+    backend.answer = "A first story."
+    await send(pilot, app, "Tell me a story")
+    await until(pilot, lambda: answered(app), "the first answer")
+    backend.answer = "A second story."
+    await pilot.press("ctrl+r")
+    await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the regenerated answer")

@@ -74,6 +74,17 @@ def default_tokenizer_path() -> Path:
     return resolve(load_catalog().model("smollm2-135m-instruct"))
 
 
+def _finish(writer: gguf.GGUFWriter, out: Path) -> Path:
+    """Write beside the target and rename, so a reader never sees half a file."""
+    tmp = out.with_name(out.name + ".part")
+    writer.write_header_to_file(tmp)
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, out)
+    return out
+
+
 def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokenizer_from: Path | None = None,
           cycle: float | None = None, chat_template: str | None = None, spread: float | None = None) -> Path:
     """Write a tiny `arch` model to `out` and return its path.
@@ -111,14 +122,7 @@ def write(arch: str, out: Path, vocab: int | None = None, seed: int = 0, tokeniz
     rng = np.random.default_rng([seed, _SEED_STREAM[arch]] if arch in _SEED_STREAM else seed)
     weights = _Weights(writer, rng, n_vocab, cycle, spread)
     _BUILDERS[arch](writer, weights)
-    # Write beside the target and rename, so a reader never sees half a file.
-    tmp = out.with_name(out.name + ".part")
-    writer.write_header_to_file(tmp)
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, out)
-    return out
+    return _finish(writer, out)
 
 
 def write_gemma4_pair(target: Path, assistant: Path, vocab: int | None = None, seed: int = 0,
@@ -504,14 +508,7 @@ def write_scripted(out: Path, script: Sequence[str], tokenizer_from: Path | None
     ids.append(int(values[gguf.Keys.Tokenizer.EOS_ID]))
     weights = _Scripted(writer, np.random.default_rng(0), len(tokens), cycle=SCRIPT_LEAD, chain=ids)
     _llama(writer, weights)
-    out = Path(out)
-    tmp = out.with_name(out.name + ".part")
-    writer.write_header_to_file(tmp)
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, out)
-    return out
+    return _finish(writer, Path(out))
 
 
 @functools.lru_cache(maxsize=1)

@@ -4,7 +4,7 @@ open on one conversation, each on a branch of its own."""
 from __future__ import annotations
 
 from fakes import FakeBackend
-from pilot import answered, make_app, send, until
+from pilot import answered, make_app, regenerated, send, until
 
 from specchat.decoding.events import Done, Stats
 from specchat.service.conversation import ConversationController
@@ -23,11 +23,7 @@ async def test_a_message_sent_after_alt_left_is_answered_from_the_branch_on_scre
     backend = FakeBackend("A first story.")
     app = make_app(tmp_path, backend)
     async with app.run_test(size=(120, 36)) as pilot:
-        await send(pilot, app, "Tell me a story")
-        await until(pilot, lambda: answered(app), "the first answer")
-        backend.answer = "A second story."
-        await pilot.press("ctrl+r")
-        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the regenerated answer")
+        await regenerated(pilot, app, backend)
         await pilot.press("alt+left")
         await until(pilot, lambda: app.query(MessageView).last().content == "A first story.", "the first branch")
         backend.answer = "Then the model woke."

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from fakes import FakeBackend
-from pilot import answered, make_app, send, settled, until
+from pilot import answered, make_app, regenerated, send, settled, until
 from textual.widgets import Input, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownFence
 
@@ -669,11 +669,7 @@ async def test_regenerate_and_edit_make_branches_that_alt_arrows_walk(tmp_path):
     backend = FakeBackend("A first story.")
     app = make_app(tmp_path, backend)
     async with app.run_test(size=(120, 36)) as pilot:
-        await send(pilot, app, "Tell me a story")
-        await until(pilot, lambda: answered(app), "the first answer")
-        backend.answer = "A second story."
-        await pilot.press("ctrl+r")
-        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the regenerated answer")
+        await regenerated(pilot, app, backend)
         assert labels(app) == ["You", "Assistant  ← 2/2 →"]
         await pilot.press("alt+left")
         await until(pilot, lambda: app.query(MessageView).last().content == "A first story.", "the first branch")
