@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -110,6 +111,26 @@ def best_k(alpha: float, k_max: int, cost: CostCurve, draft_s: float,
     """The number of guesses (0..k_max), each accepted with probability alpha, that maximizes
     expected tokens per second, and that rate."""
     return best_length(np.full(max(0, k_max), alpha), cost, draft_s, max_loss)
+
+
+def tree_tokens(branches: Sequence[np.ndarray]) -> float:
+    """Expected tokens of a step that verifies these copies as one tree, branch b's guess j accepted with
+    probability branches[b][j] given those before it. The branches' first tokens differ and cannot both be
+    right, so their chances are shares of one: estimated each as if its branch were sent alone, they are
+    scaled down where they sum to more than one."""
+    reach = [np.cumprod(alphas) for alphas in branches]
+    scale = min(1.0, 1.0 / sum(float(r[0]) for r in reach))
+    return 1.0 + scale * sum(float(r.sum()) for r in reach)
+
+
+def tree_rate(branches: Sequence[np.ndarray], cost: CostCurve, max_loss: float = float("inf")) -> float:
+    """Expected tokens per second of verifying these branches as one tree (see tree_tokens): one step over
+    all their nodes. -inf where its worst case (every guess rejected) costs more than `max_loss` beyond a
+    plain step."""
+    nodes = sum(len(alphas) for alphas in branches)
+    if float(cost.worst_loss(nodes, 0.0)[-1]) > max_loss:
+        return -np.inf
+    return tree_tokens(branches) / float(cost.verify(1 + nodes))
 
 
 def keep_drafting(confidences: list[float], cost: CostCurve, draft_s: float | None = None) -> bool:

@@ -18,6 +18,8 @@ from specchat.decoding.policy import (
     best_length,
     expected_tokens,
     keep_drafting,
+    tree_rate,
+    tree_tokens,
 )
 from specchat.decoding.sampling import SamplingConfig
 from specchat.tools.corpus import Answer, auto_for, replay
@@ -97,6 +99,21 @@ def test_match_acceptance_learns_per_match_length():
 def test_best_length_with_a_constant_acceptance_is_best_k():
     for alpha in (0.3, 0.7, 0.95):
         assert best_length(np.full(16, alpha), GPU, 0.001) == best_k(alpha, 16, GPU, 0.001)
+
+
+def test_a_trees_branches_share_one_chance_at_their_first_token():
+    """The branches' first tokens differ, so at most one holds: each estimated as if sent alone, their
+    chances are scaled to sum to one where they sum to more, and counted as they stand where they do not.
+    The tree is priced as one step over all its nodes, within the loss budget as a single guess is."""
+    sure = np.array([1.0, 1.0])
+    assert tree_tokens([sure, sure]) == pytest.approx(3.0)  # one branch's two tokens and the step's own, not five
+    assert tree_tokens([np.array([0.9, 0.5]), np.array([0.6])]) == pytest.approx(1 + (0.9 + 0.45 + 0.6) / 1.5)
+    assert tree_tokens([np.array([0.3, 0.5]), np.array([0.2])]) == pytest.approx(1 + 0.3 + 0.15 + 0.2)
+    flat, alphas = CostCurve([0.01] * 16), np.array([0.9, 0.8, 0.7])
+    assert tree_rate([alphas], flat) == pytest.approx(best_length(alphas, flat, 0.0)[1])  # a lone branch is a chain
+    assert tree_rate([sure, sure], CPU) == pytest.approx(3.0 / float(CPU.verify(5)))
+    worst = float(CPU.worst_loss(4, 0.0)[-1])
+    assert tree_rate([sure, sure], CPU, worst) > 0 and tree_rate([sure, sure], CPU, worst * 0.99) == -np.inf
 
 
 def test_auto_uses_lookup_when_copying_and_plain_when_nothing_matches():
