@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from specchat.decoding.guessers import AutoGuesser
+from specchat.decoding.guessers.sources import Copy
 from specchat.decoding.policy import (
     LOSS_BUDGET,
     START_STEPS,
@@ -171,12 +172,12 @@ def test_a_copy_auto_passes_up_is_judged_by_what_the_step_committed():
 def test_auto_prefers_the_passage_being_copied_over_the_latest_occurrence():
     auto = AutoGuesser(CostCurve(list(GPU.verify_s), GPU.draft_s))
     context = [1, 2, 3, 7, 7, 1, 2, 4, 8, 1, 2]
-    assert auto._copy_source(context) == (7, 2, "far")  # the latest "1 2" continues with 4
-    auto._cursor = 2  # the answer was copying from the first "1 2": it continues with 3
-    assert auto._copy_source(context) == (2, 2, "near")
+    assert auto.passage.find(context) == Copy("lookup", 7, "far", 2)  # the latest "1 2" continues with 4
+    auto.passage.cursor = 2  # the answer was copying from the first "1 2": it continues with 3
+    assert auto.passage.find(context) == Copy("lookup", 2, "near", 2)
     # A longer match elsewhere wins over a shorter one near the cursor.
-    auto._cursor = 8
-    assert auto._copy_source([5, 6, 1, 2, 3, 7, 7, 1, 2, 4, 8, 5, 6, 1, 2]) == (4, 4, "far")
+    auto.passage.cursor = 8
+    assert auto.passage.find([5, 6, 1, 2, 3, 7, 7, 1, 2, 4, 8, 5, 6, 1, 2]) == Copy("lookup", 4, "far", 4)
 
 
 def test_auto_guesses_a_substitution_after_an_edit_inside_a_copy():
@@ -265,7 +266,7 @@ def test_auto_credits_the_branch_of_a_tree_that_held():
     auto.propose(context + [7, 8, 9, 0], 8, greedy, rng)  # the next step shows it: 7 8 9
     # the branch that held is credited with them, the other with a miss; copying goes on from there
     assert sorted(heard) == sorted([(drafted[3], 0), (drafted[7], 3)])
-    assert auto._cursor == context.index(7) + 3
+    assert auto.passage.cursor == context.index(7) + 3
 
 
 def test_a_tree_that_ended_a_generation_is_not_credited_from_the_next_one():

@@ -91,7 +91,7 @@ class Watched(AutoGuesser):
 
     def propose(self, context, k, sampling, rng):
         proposal = super().propose(context, k, sampling, rng)
-        if proposal.tree is not None and any(source[0] == "history" for source, _, _ in self._tree[1]):
+        if proposal.tree is not None and any(copy.source == "history" for copy, _, _ in self._tree.branches):
             Watched.history_trees += 1
         return proposal
 

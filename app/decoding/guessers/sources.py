@@ -1,0 +1,136 @@
+"""Where auto (specchat.decoding.guessers.auto) copies from: the passage of the context that an answer copies,
+and copies that part ways, sent together as one tree. Auto prices them; these only find and keep track."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from specchat.decoding.guessers.copying import matches
+from specchat.decoding.verify import Tree
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A place auto copies from: the context's own text from `start` ("lookup"), or the user's past
+    conversations ("history"), with the kind of match behind it and its length, by which its guesses'
+    acceptance is estimated. Kinds of lookup, kept apart: "far", the longest earlier match anywhere;
+    "near", one that continues where the last guess left off, in the passage being copied (even a 1-token
+    match there usually holds); "substitute", after the target replaced some copied text, copying on after
+    that text."""
+
+    source: str  # "lookup" or "history"
+    start: int  # where in the context a lookup reads (0 for the history)
+    kind: str  # "far", "near", "substitute", or "history"
+    m: int  # the match length
+
+
+# A copy offered this step: the tokens it would guess and each one's acceptance.
+Offer = tuple[Copy, list[int], np.ndarray]
+
+
+class Passage:
+    """Where in the context to copy from: the longest earlier match; among equals, the one nearest after
+    where the answer was last copying from, else the latest. In a passage that the answer copies with edits,
+    the text after an edit is there, not at the latest " the" or "    return"."""
+
+    def __init__(self, max_match: int = 32, window: int = 8, piece: Callable[[int], bytes] | None = None) -> None:
+        self.max_match, self.window = max_match, window
+        self.piece = piece  # a token's text, to see how much of the copied text the target replaced
+        self.cursor: int | None = None  # where in the context the answer was last copying from
+        self.replaced: int | None = None  # the copied token that the target just replaced, if any
+        self.matches: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    def restart(self) -> None:
+        """A new generation: nothing is being copied yet."""
+        self.cursor = self.replaced = None
+
+    def find(self, context: Sequence[int]) -> Copy | None:
+        ends, lengths = self.matches = matches(context, self.max_match)
+        source = None
+        if len(ends):
+            near = np.zeros(len(ends), dtype=bool)
+            if self.cursor is not None:
+                near = (ends >= self.cursor) & (ends <= self.cursor + self.window)
+            # The last key sorts first: length, then near, then nearest the cursor or latest.
+            best = int(np.lexsort((np.where(near, -ends, ends), near, lengths))[-1])
+            source = Copy("lookup", int(ends[best]), "near" if near[best] else "far", int(lengths[best]))
+        if self.replaced is not None and (source is None or source.kind != "near"):
+            # The last guess was rejected inside a copy and nothing near matches the target's own
+            # token: assume it replaced the copied text (a renamed identifier, a fixed word).
+            resume = self._resume_after(context, self.replaced)
+            if resume < len(context) - 1:
+                source = Copy("lookup", resume, "substitute", 1)
+        self.replaced = None
+        return source
+
+    def _resume_after(self, context: Sequence[int], replaced: int) -> int:
+        """Where copying resumes after the target wrote context[-1] instead of context[replaced]:
+        after the 1 to 3 copied tokens whose text is about as long as what the target wrote.
+        A fixed typo is often one token for two (" availble" is " avail" "ble"; " available"
+        is one token); a renamed identifier is one for one."""
+        if self.piece is None:
+            return replaced + 1
+        wrote = len(self.piece(context[-1]))
+        best, best_gap, copied = replaced + 1, None, 0
+        for end in range(replaced + 1, min(replaced + 4, len(context) - 1)):
+            copied += len(self.piece(context[end - 1]))
+            gap = abs(copied - wrote)
+            if best_gap is None or gap < best_gap:
+                best, best_gap = end, gap
+        return best
+
+    def landed(self, start: int, drafted: int, accepted: int) -> None:
+        """A copy from `start` had `accepted` of its `drafted` guesses kept. Only a guess that landed at
+        least once shows where the answer copies from: a first-token miss may just be the wrong occurrence,
+        and following it would drift off the passage."""
+        if accepted:
+            self.cursor = start + accepted
+        self.replaced = self.cursor if 0 < accepted < drafted else None
+
+    def other(self, context: Sequence[int], firsts: set[int]) -> Copy | None:
+        """The longest (then latest) earlier match of the last context that goes on with none of `firsts`."""
+        ends, lengths = self.matches
+        other = [i for i in range(len(ends)) if int(context[ends[i]]) not in firsts]
+        if not other:
+            return None
+        i = max(other, key=lambda j: (lengths[j], ends[j]))
+        return Copy("lookup", int(ends[i]), "far", int(lengths[i]))
+
+
+def branches(offers: Sequence[Offer], most: int) -> list[Offer]:
+    """At most `most` offers, one per first token: deterministic siblings must differ."""
+    kept: list[Offer] = []
+    for offer in offers:
+        if offer[1][0] not in {tokens[0] for _, tokens, _ in kept} and len(kept) < most:
+            kept.append(offer)
+    return kept
+
+
+def as_tree(chains: Sequence[list[int]]) -> Tree:
+    """Copies that differ from their first token on, each a chain under the root."""
+    flat: list[int] = []
+    parents: list[int] = []
+    for tokens in chains:
+        parents += [-1, *range(len(flat), len(flat) + len(tokens) - 1)]
+        flat += tokens
+    return Tree(tuple(flat), tuple(parents), (None,) * len(flat))
+
+
+@dataclass(frozen=True)
+class SentTree:
+    """Copies sent as one tree: where it started in the context, and per branch the copy, its first token
+    and how many it drafted. Which branch held is read from the context at the next step."""
+
+    at: int
+    branches: tuple[tuple[Copy, int, int], ...]
+
+    def outcomes(self, context: Sequence[int], accepted: int) -> list[tuple[Copy, int, int]]:
+        """Each branch's copy, drafted and kept, now that the context shows which one held: that one kept
+        what the step kept, the others nothing. The one that held comes last: a copy that missed must not
+        undo where the one that held left off."""
+        held = int(context[self.at]) if accepted and self.at < len(context) else None
+        return [(copy, drafted, accepted if first == held else 0)
+                for copy, first, drafted in sorted(self.branches, key=lambda b: b[1] == held)]
