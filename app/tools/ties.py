@@ -9,6 +9,16 @@ own when they were recorded (the greedy-equivalence test records them), else tho
 evaluations (the endurance check compares with another process, whose logits it never saw). The
 ceiling is the part that cannot be argued with: a tolerance measured by comparing the two
 evaluations grows with a kernel that corrupts batched logits, and would excuse it.
+
+Where both runs prefilled the prompt alike (the greedy-equivalence test: the speculative run reuses
+plain decoding's cache of it), what they batched otherwise is the answer and the prompt's last token,
+which waits to be verified with the first guesses; so the fresh model prefills the prompt but its last
+TAIL tokens once and varies the batching of those and the answer only, coming back to the head by a
+rewind. On the default pair, 2026-12-05, two partings of a 148-token prompt (at answer tokens 33 and
+55, leads of at most 0.16 and 0.10) moved by 0.49 and 0.65 so, against 0.58 and 0.66 with the whole
+prefix batched every way (0.58 and 0.62 with 32 tokens), in 55 and 93 s against 185 and 214 s (one
+thread; two give the same logits); at the 13 partings tests/decoding/test_greedy_qwen.py meets (9 of them
+distinct), 0.49 to 0.71, with leads of 0.17 at most: the ceiling decides every one, as it did before.
 """
 
 from __future__ import annotations
@@ -28,6 +38,11 @@ from specchat.llama.session import Session
 # EPYC, up to 0.16 when evaluated anew on a fresh model. A kernel or a rule that is wrong moves logits
 # by whole units (tests/decoding/test_greedy_check.py plants both).
 CEILING = 0.5
+
+# Of a prompt both runs prefilled alike, the last tokens whose batching the noise still varies: at least 16,
+# so that a parting at the answer's first token (chosen from the prompt's last token, verified alone or
+# with up to 16 guesses) sees batch noise too.
+TAIL = 16
 
 
 @dataclass(frozen=True)
@@ -50,10 +65,12 @@ class Parting:
 
 def parting(path: Path, prompt: Sequence[int], ours: Sequence[int], theirs: Sequence[int], n_ctx: int = 4096,
             threads: int | None = None, rows: tuple[np.ndarray, np.ndarray] | None = None,
-            reused: bool = False) -> Parting | None:
+            reused: bool = False, alike: bool = False) -> Parting | None:
     """Judge where `ours` and `theirs` (two greedy answers to `prompt`) first differ; None if they do not.
     `rows`: the logits each run chose its token at that position from, if they were recorded. `reused`: a
     run may have reused a cache that earlier, longer prompts wrote, whose rounding the noise then includes.
+    `alike`: both runs prefilled the prompt the same way, so the noise varies only the batching of its last
+    TAIL tokens and the answer (see `both_ways`); otherwise, of everything before the parting.
     One answer that stops where the other goes on is never a tie."""
     i = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
     if i is None:
@@ -62,7 +79,8 @@ def parting(path: Path, prompt: Sequence[int], ours: Sequence[int], theirs: Sequ
         i = min(len(ours), len(theirs))
         return Parting(i, -1, -1, (float("inf"), float("inf")), 0.0, False)
     x, y = int(ours[i]), int(theirs[i])
-    batched, single, noise = both_ways(path, tuple(prompt), tuple(ours[:i]), n_ctx, threads, reused)
+    head = max(0, len(prompt) - TAIL) if alike else 0
+    batched, single, noise = both_ways(path, tuple(prompt), tuple(ours[:i]), n_ctx, threads, reused, head)
     mine, other = rows if rows is not None else (batched, single)
     # Each run must have emitted the top of the logits it chose from, and lead the other's token by little.
     tops = int(mine.argmax()) == x and int(other.argmax()) == y if rows is not None else \
@@ -119,27 +137,39 @@ def decode_as(session: Session, tokens: Sequence[int], sizes: Sequence[int], pad
 
 
 # A fresh model gives the same logits for the same tokens, and the greedy tests judge the same parting
-# once for each guesser that meets it (a model load and passes over the answer each).
-@lru_cache(maxsize=4)
+# once for each guesser that meets it (a model load and passes over the answer each), with others between:
+# tests/decoding/test_greedy_qwen.py meets 13 partings, 9 of them distinct, and 4 entries kept 1 of the 4
+# repeats (2026-12-05). An entry is two rows of logits.
+@lru_cache(maxsize=16)
 def both_ways(path: Path, prompt: tuple[int, ...], answer: tuple[int, ...], n_ctx: int, threads: int | None,
-              reused: bool = False) -> tuple[np.ndarray, np.ndarray, float]:
+              reused: bool = False, head: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
     """The logits after prompt + answer on a fresh model: with everything before the last token in one
     batch, and with the answer one token at a time after the prompt (as plain decoding does); and the most
-    they move over every batching of what comes before the last token (the noise; `reused`, see `batchings`)."""
+    they move over every batching of what comes before the last token (the noise; `reused`, see `batchings`).
+    `head`: that many of the prompt's first tokens are decoded once, in one batch, and every way comes back
+    to them (a rewind) and batches only what follows."""
     prefix = list(prompt + answer)
+    tail = len(prefix) - 1 - head  # the tokens before the last whose batching varies
     model = Model(path, n_ctx=n_ctx, n_threads=threads)
     try:
         session = model.session
+        if head:
+            session.decode(prefix[:head], "none")
+            session.checkpoint(lasting=True)  # what a memory that cannot cut comes back to
 
         def last(sizes: list[int], pad: int = 0) -> np.ndarray:
-            session.clear()
-            decode_as(session, prefix[:-1], sizes, pad)
+            if head:
+                session.rewind(head)
+            else:
+                session.clear()
+            decode_as(session, prefix[head:-1], sizes, pad)
             return np.array(session.decode([prefix[-1]], "last")[0])
 
-        batched = last([len(prefix) - 1])
-        single = last([len(prompt) - 1, *[1] * len(answer)] if len(prompt) > 1 else [1] * (len(prefix) - 1))
+        batched = last([tail])
+        before = len(prompt) - 1 - head  # of the prompt, after the head and before its last token
+        single = last([*([before] if before > 0 else []), *[1] * (tail - max(0, before))])
         noise = max(float(np.abs(last(sizes, pad) - batched).max())
-                    for sizes, pad in batchings(len(prefix) - 1, prefix, reused=reused))
+                    for sizes, pad in batchings(tail, prefix, reused=reused))
         noise = max(noise, float(np.abs(single - batched).max()))
     finally:
         model.close()
