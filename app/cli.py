@@ -160,7 +160,8 @@ def _model_args(p: argparse.ArgumentParser, guesser: bool = True, multi_guesser:
     p.add_argument("--draft", type=Path, default=None, help="a draft GGUF file with the target's tokenizer")
     p.add_argument("--ctx", type=int, default=None,
                    help="context length in tokens (default: 4096; the app: its context setting)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads, kept fixed (default: every core other programs leave free)")
     p.add_argument("--gpu-layers", type=int, default=None, help="target layers on the GPU (default: all)")
     p.add_argument("--draft-gpu-layers", type=int, default=None, help="draft layers on the GPU (default: all)")
     if multi_guesser:

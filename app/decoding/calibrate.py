@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from specchat.decoding.policy import CostCurve, Rollback
 from specchat.decoding.timing import non_decreasing
+from specchat.llama.cores import FITTER, busy_s, own_s
 from specchat.llama.model import Model
 from specchat.llama.mtp import MtpHead
 from specchat.llama.session import Memory
@@ -64,7 +65,7 @@ class OtherLoad:
         self.contention: float | None = None
 
     def __enter__(self) -> OtherLoad:
-        self._start = time.monotonic(), _busy_s(), _own_s()
+        self._start = time.monotonic(), busy_s(), own_s()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -72,29 +73,11 @@ class OtherLoad:
 
     def so_far(self) -> float | None:
         """The cores other programs took since the block began (None: not known here)."""
-        wall, busy, own = time.monotonic(), _busy_s(), _own_s()
+        wall, busy, own = time.monotonic(), busy_s(), own_s()
         if busy is None or self._start[1] is None or wall <= self._start[0]:
             return None
         others = max(0.0, (busy - self._start[1]) - (own - self._start[2])) / (wall - self._start[0])
         return max(0.0, others - max(0, (os.cpu_count() or 1) - self.threads))
-
-
-PROC_STAT = "/proc/stat"  # Linux's CPU time counters (a test points this at a file of its own)
-
-
-def _busy_s() -> float | None:
-    """Seconds every CPU of the machine spent busy so far."""
-    try:
-        with open(PROC_STAT, encoding="ascii") as f:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in f.readline().split()[1:9])
-    except (OSError, ValueError):  # unreadable, or not the counters it should be (a short line too)
-        return None
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_s() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 def _times(model: Model, n: int, repeats: int) -> list[float]:
@@ -151,6 +134,7 @@ def measure_curve(target: Model, draft: Model | None, mtp: MtpHead | None = None
     MTP layers and, where the cache cannot drop positions, a rollback, then check the result (about
     20 s on a 2-core CPU for a 1.5B target; a GPU takes a fraction of that)."""
     sessions = [m.session for m in (target, draft) if m is not None]
+    FITTER.reset()  # measured with every thread it may use; a busy machine fails the checks instead
     for s in sessions:
         s.clear()
         s.decode([1] * _CONTEXT, "none")

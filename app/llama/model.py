@@ -16,6 +16,7 @@ import llama_cpp
 from llama_cpp import _internals
 
 from specchat.errors import SpecchatError
+from specchat.llama.cores import FITTER
 from specchat.llama.loading import check_gguf, ensure_backend, extra_buffers, llama_errors, load_error
 from specchat.llama.mtp import ASSISTANTS
 from specchat.llama.session import Memory, Session
@@ -53,7 +54,9 @@ class Model:
             self._model.close()
             raise SpecchatError(f"{self.path.name} is a {arch} file: the MTP layers of another model, not a model of "
                                 "its own; give it as --draft to the model it was made for")
-        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        self.n_threads = n_threads or max(1, os.cpu_count() or 1)  # the most it uses
+        self.threads = self.n_threads  # what it uses now (fewer while other programs take cores: `cores`)
+        self.fitted = n_threads is None  # a thread count given is kept
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
         n_batch = min(n_batch, n_ctx)  # llama.cpp asserts a batch never exceeds the context
@@ -103,6 +106,8 @@ class Model:
         self._shown: set[int] = set()  # control tokens whose text is shown all the same (`show`)
         self._controls: dict[str, int] | None = None  # every control token, by its text (read once, by `show`)
         self.session = Session(self)
+        if self.fitted:
+            FITTER.contexts.add(self)
 
     # --- tokenizer -------------------------------------------------------------------------
 
@@ -163,7 +168,14 @@ class Model:
     def vocab_type(self) -> int:
         return int(llama_cpp.llama_vocab_type(self.vocab))
 
+    def use_threads(self, n: int) -> None:
+        """Decode with n threads from now on (llama.cpp's kernels give the same logits for any count)."""
+        if n != self.threads:
+            llama_cpp.llama_set_n_threads(self._ctx.ctx, n, n)
+            self.threads = n
+
     def close(self) -> None:
+        FITTER.contexts.discard(self)
         self.session.close()
         self._ctx.close()
         self._model.close()

@@ -27,6 +27,7 @@ from llama_cpp import _internals
 from llama_cpp import llama_cpp_ext as ext
 
 from specchat.errors import SpecchatError
+from specchat.llama.cores import FITTER
 from specchat.llama.loading import check_gguf, extra_buffers, llama_errors, load_error
 
 if TYPE_CHECKING:
@@ -108,6 +109,14 @@ class MtpHead:
         self._drafted = 0
         target.session.followers.append(self)
         self.rewound(len(target.session.tokens))
+        self.n_threads = self.threads = target.n_threads
+        if target.fitted:  # the head's threads follow the free cores as the target's do
+            FITTER.contexts.add(self)
+
+    def use_threads(self, n: int) -> None:
+        if n != self.threads:
+            llama_cpp.llama_set_n_threads(self._ctx, n, n)
+            self.threads = n
 
     # --- following the target ------------------------------------------------------------------
 
@@ -164,6 +173,7 @@ class MtpHead:
             raise SpecchatError(f"llama.cpp decode failed with code {rc} in the MTP head of {self.target.name}")
 
     def close(self) -> None:
+        FITTER.contexts.discard(self)
         if self in getattr(self.target.session, "followers", []):
             self.target.session.followers.remove(self)
             ext.llama_set_embeddings_nextn(self.target._ctx.ctx, False, False)

@@ -28,6 +28,7 @@ import llama_cpp
 import numpy as np
 
 from specchat.errors import ContextFull, SpecchatError
+from specchat.llama.cores import FITTER
 
 if TYPE_CHECKING:
     from specchat.llama.model import Model
@@ -249,6 +250,7 @@ class Session:
         n_batch = self.model.n_batch
         if logits == "all" and len(tokens) > n_batch:
             raise ValueError("logits for every position need the tokens to fit in one batch")
+        FITTER.refit()  # threads for the cores other programs leave free (cores.py): a clock read, mostly
         try:
             for lo in range(0, len(tokens), n_batch):
                 chunk = tokens[lo:lo + n_batch]
@@ -295,6 +297,7 @@ class Session:
         context through seq 0's cells, shared with it. Returns logits (1 + len(tokens), n_vocab): the
         pending token's, then each node's. The cache then holds the pending token; `keep_path` keeps
         one path after it and frees the rest, and must come next."""
+        FITTER.refit()
         has_children = set(parents)
         leaves = [i for i in range(len(tokens)) if i not in has_children]
         if self.memory is not Memory.TRIM or self.followers or len(leaves) > self.model.tree_branches \

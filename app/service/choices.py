@@ -25,7 +25,7 @@ class ModelChoice:
     target: Path | None = None
     draft: Path | None = None
     n_ctx: int | None = None  # None: the loader's DEFAULT_CONTEXT
-    threads: int | None = None  # None: every core
+    threads: int | None = None  # None: every core other programs leave free (llama/cores.py)
     gpu_layers: int | None = None  # layers offloaded to the GPU (Metal, CUDA builds); None: all
     draft_gpu_layers: int | None = None
     fetch: bool = True

@@ -46,7 +46,7 @@ class Settings:
     pair: str = ""  # "": the catalog's default pair
     offline: bool = False  # never fetch models (as HF_HUB_OFFLINE=1 does)
     context: int = 4096  # tokens the models' context holds (more costs memory: the KV cache grows with it)
-    threads: int = 0  # CPU threads for llama.cpp; 0: every core
+    threads: int = 0  # CPU threads for llama.cpp; 0: every core other programs leave free
     gpu_layers: int = -1  # target layers on the GPU (Metal, CUDA builds); -1: all
     draft_gpu_layers: int = -1
     theme: str = ""  # "": Textual's default; set by the command palette's "Change theme"

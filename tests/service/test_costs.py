@@ -71,6 +71,7 @@ def test_the_contention_probe_counts_the_cores_others_took_beyond_those_left_fre
     import types
 
     from specchat.decoding import calibrate
+    from specchat.llama import cores
 
     stat = tmp_path / "stat"
     tick = os.sysconf("SC_CLK_TCK")
@@ -80,9 +81,9 @@ def test_the_contention_probe_counts_the_cores_others_took_beyond_those_left_fre
         return f"cpu  {user} 0 {system} 999999 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
 
     clock, own = iter([100.0, 102.0]), iter([10.0, 14.0])
-    monkeypatch.setattr(calibrate, "PROC_STAT", str(stat))
+    monkeypatch.setattr(cores, "PROC_STAT", str(stat))
     monkeypatch.setattr(calibrate, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
-    monkeypatch.setattr(calibrate, "_own_s", lambda: next(own))
+    monkeypatch.setattr(calibrate, "own_s", lambda: next(own))
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     stat.write_text(counters(1000.0) if others_s is not None else "not the kernel's counters\n")
     with calibrate.OtherLoad(threads=2) as load:
