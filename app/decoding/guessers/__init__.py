@@ -2,8 +2,8 @@
 
 One interface (`base`), guessers that copy (`copying`), guessers that draft token by token (`drafting`),
 auto, which picks among them at every step by this machine's costs and may send copies that part ways as
-one tree (`auto`; the places it copies from and the trees it sends in `sources`), and the registry that names them all for the command line, the settings, the app and
-the server (`registry`).
+one tree (`auto`; the places it copies from and the trees it sends in `sources`), and the registry that
+names them all for the command line, the settings, the app and the server (`registry`).
 """
 
 from specchat.decoding.guessers.auto import AutoGuesser, Drafter
