@@ -136,6 +136,7 @@ def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], 
     answer: list[int] = []  # agreed so far (through the near-ties, the speculative choice)
     c = Comparison()
     plain, spec = RecordingEngine(target, NoGuesser()), RecordingEngine(target)
+    threads = None if target.fitted else target.n_threads  # fresh models fitted as the target is (same logits)
     while len(answer) < n:
         config = GenerationConfig(max_tokens=n - len(answer), draft_length=draft_length)
         spec.guesser = guesser()
@@ -146,13 +147,13 @@ def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], 
         # the prompt's last tokens besides, as both runs prefilled it alike (the speculative one reuses plain
         # decoding's cache of it, or both an earlier test's of its head).
         found = parting(path, prompt, answer + list(spec_ids), answer + list(plain_ids), target.n_ctx,
-                        target.n_threads, rows, alike=True)
+                        threads, rows, alike=True)
         s = spec.stats
         c.drafted, c.accepted, c.rejections = c.drafted + s.drafted, c.accepted + s.accepted, c.rejections + s.rejections
         c.partial, c.trees, c.elsewhere = c.partial + spec.partial, c.trees + spec.trees, c.elsewhere + spec.elsewhere
         tolerance = CEILING  # a lead a parting may have (specchat.tools.ties)
         if check_rows:
-            noise = row_noise(path, tuple(prompt + answer), tuple(plain_ids), target.n_ctx, target.n_threads)
+            noise = row_noise(path, tuple(prompt + answer), tuple(plain_ids), target.n_ctx, threads)
             c.noise, tolerance = max(c.noise, noise), min(2 * noise, CEILING)
             for j in range(len(spec_ids) if i is None else i):  # the positions whose context both share
                 moved = float(np.abs(spec.rows[j] - plain_rows[j]).max())

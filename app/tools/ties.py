@@ -80,7 +80,10 @@ def parting(path: Path, prompt: Sequence[int], ours: Sequence[int], theirs: Sequ
         return Parting(i, -1, -1, (float("inf"), float("inf")), 0.0, False)
     x, y = int(ours[i]), int(theirs[i])
     head = max(0, len(prompt) - TAIL) if alike else 0
-    batched, single, noise = both_ways(path, tuple(prompt), tuple(ours[:i]), n_ctx, threads, reused, head)
+    # With the runs' own rows the verdict is settled once 2 * noise reaches the ceiling: more ways cannot
+    # change it, and the rest of them are not measured (the noise reported is then at least that).
+    enough = CEILING / 2 if rows is not None else float("inf")
+    batched, single, noise = both_ways(path, tuple(prompt), tuple(ours[:i]), n_ctx, threads, reused, head, enough)
     mine, other = rows if rows is not None else (batched, single)
     # Each run must have emitted the top of the logits it chose from, and lead the other's token by little.
     tops = int(mine.argmax()) == x and int(other.argmax()) == y if rows is not None else \
@@ -142,12 +145,12 @@ def decode_as(session: Session, tokens: Sequence[int], sizes: Sequence[int], pad
 # repeats (2026-12-05). An entry is two rows of logits.
 @lru_cache(maxsize=16)
 def both_ways(path: Path, prompt: tuple[int, ...], answer: tuple[int, ...], n_ctx: int, threads: int | None,
-              reused: bool = False, head: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
+              reused: bool = False, head: int = 0, enough: float = float("inf")) -> tuple[np.ndarray, np.ndarray, float]:
     """The logits after prompt + answer on a fresh model: with everything before the last token in one
     batch, and with the answer one token at a time after the prompt (as plain decoding does); and the most
     they move over every batching of what comes before the last token (the noise; `reused`, see `batchings`).
     `head`: that many of the prompt's first tokens are decoded once, in one batch, and every way comes back
-    to them (a rewind) and batches only what follows."""
+    to them (a rewind) and batches only what follows. `enough`: no more ways once the noise reaches it."""
     prefix = list(prompt + answer)
     tail = len(prefix) - 1 - head  # the tokens before the last whose batching varies
     model = Model(path, n_ctx=n_ctx, n_threads=threads)
@@ -168,9 +171,11 @@ def both_ways(path: Path, prompt: tuple[int, ...], answer: tuple[int, ...], n_ct
         batched = last([tail])
         before = len(prompt) - 1 - head  # of the prompt, after the head and before its last token
         single = last([*([before] if before > 0 else []), *[1] * (tail - max(0, before))])
-        noise = max(float(np.abs(last(sizes, pad) - batched).max())
-                    for sizes, pad in batchings(tail, prefix, reused=reused))
-        noise = max(noise, float(np.abs(single - batched).max()))
+        noise = float(np.abs(single - batched).max())
+        for sizes, pad in batchings(tail, prefix, reused=reused):
+            if noise >= enough:
+                break
+            noise = max(noise, float(np.abs(last(sizes, pad) - batched).max()))
     finally:
         model.close()
     batched.flags.writeable = single.flags.writeable = False  # shared by every caller of the cache
