@@ -148,12 +148,12 @@ def costs_key(path) -> str:
         model.close()
 
 
-def costs_checked(problem: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """`specchat costs` in a process whose calibration checks find `problem` ("": it passes), whatever the
-    machine's load would have them find: which way they go is not what this test is about."""
+def checked(problem: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`specchat *args` in a process whose calibration checks find `problem` ("": it passes), whatever the
+    machine's load would have them find: which way they go is not what the test is about."""
     code = ("import sys; import specchat.decoding.calibrate as c; c.check = lambda *checked: sys.argv[1]; "
             "from specchat.cli import main; sys.exit(main(sys.argv[2:]))")
-    done = subprocess.run([sys.executable, "-c", code, problem, "costs", *args], cwd=REPO, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", code, problem, *args], cwd=REPO, capture_output=True,
                           text=True, env={**os.environ, **env}, timeout=300)
     assert done.returncode == 0, done.stderr
     return done
@@ -195,7 +195,7 @@ def test_costs_prints_the_measured_curve(smol_path, tmp_path):
     assert cache.read_text() == planted  # read, not measured: nothing written
 
     before = time.time()
-    passed = costs_checked("", "--remeasure", *args, env=env)
+    passed = checked("", "costs", "--remeasure", *args, env=env)
     after = time.time()
     entry = json.loads(cache.read_text())[key]["calibration"]
     assert entry["trusted"] and before <= entry["measured_at"] <= after  # measured now, and cached
@@ -205,7 +205,7 @@ def test_costs_prints_the_measured_curve(smol_path, tmp_path):
     assert all(curve_line(n, verify[n - 1], verify[0]) in passed.stdout.splitlines() for n in (1, 5, 17, 32))
     measured = cache.read_text()
 
-    failed = costs_checked("planted problem", "--remeasure", *args, env=env)
+    failed = checked("planted problem", "costs", "--remeasure", *args, env=env)
     lines = failed.stdout.splitlines()
     assert minute(before) <= measured_minute(failed.stdout)
     assert "; NOT TRUSTED: planted problem (" in lines[0] and lines[1].startswith("  not cached: the next start measures")
@@ -236,10 +236,12 @@ def test_bench_prints_plain_auto_the_oracle_bound_and_the_modelled_auto(smol_pat
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"task": "rewrite", "prompt": "Repeat exactly: the cat sat on the mat, the cat sat on the mat."}\n')
     report = tmp_path / "bench.json"
-    result = specchat("bench", "--target", str(smol_path), "--draft", str(smol_path), "--prompts", str(prompts),
-                      "--guesser", "auto", "--repeat", "1", "--max-tokens", "24", "--json", str(report),
-                      env={"XDG_CACHE_HOME": str(tmp_path)})
-    assert result.returncode == 0, result.stderr
+    # The oracle and the model are priced by the curve bench measures: one measured beside a busy program
+    # fails its checks, and the curve that never guesses then prices every copy at a loss (the oracle came
+    # out at 1.00x beside a busy loop). The checks pass here, whatever the load: they are not what this is about.
+    result = checked("", "bench", "--target", str(smol_path), "--draft", str(smol_path), "--prompts", str(prompts),
+                     "--guesser", "auto", "--repeat", "1", "--max-tokens", "24", "--json", str(report),
+                     env={"XDG_CACHE_HOME": str(tmp_path)})
     rows = json.loads(report.read_text())["rewrite"]
     assert set(rows) == {"plain", "auto", "oracle", "modelled"}
     assert rows["plain"]["speedup_vs_plain"] == 1.0 and rows["auto"]["tokens_per_s"] > 0
