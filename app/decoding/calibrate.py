@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from specchat.decoding.policy import CostCurve, Rollback
 from specchat.decoding.timing import non_decreasing
-from specchat.llama.cores import FITTER, busy_s, own_s
+from specchat.llama.cores import FITTER, mark, others_between
 from specchat.llama.model import Model
 from specchat.llama.mtp import MtpHead
 from specchat.llama.session import Memory
@@ -65,7 +65,7 @@ class OtherLoad:
         self.contention: float | None = None
 
     def __enter__(self) -> OtherLoad:
-        self._start = time.monotonic(), busy_s(), own_s()
+        self._start = mark()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -73,11 +73,8 @@ class OtherLoad:
 
     def so_far(self) -> float | None:
         """The cores other programs took since the block began (None: not known here)."""
-        wall, busy, own = time.monotonic(), busy_s(), own_s()
-        if busy is None or self._start[1] is None or wall <= self._start[0]:
-            return None
-        others = max(0.0, (busy - self._start[1]) - (own - self._start[2])) / (wall - self._start[0])
-        return max(0.0, others - max(0, (os.cpu_count() or 1) - self.threads))
+        others = others_between(self._start, mark())
+        return None if others is None else max(0.0, others - max(0, (os.cpu_count() or 1) - self.threads))
 
 
 def _times(model: Model, n: int, repeats: int) -> list[float]:

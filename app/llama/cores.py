@@ -37,6 +37,21 @@ def own_s() -> float:
     return t.user + t.system
 
 
+Mark = tuple[float, float | None, float]  # the clock, the machine's busy seconds, this process's
+
+
+def mark() -> Mark:
+    return time.monotonic(), busy_s(), own_s()
+
+
+def others_between(start: Mark, end: Mark) -> float | None:
+    """The cores other programs took between two marks (None: not known here)."""
+    (t0, busy0, own0), (t1, busy1, own1) = start, end
+    if busy0 is None or busy1 is None or t1 <= t0:
+        return None
+    return max(0.0, (busy1 - busy0) - (own1 - own0)) / (t1 - t0)
+
+
 def threads_for(cores: int, others: float, most: int) -> int:
     """The threads to run on `cores` while other programs take `others` of them: the cores they leave,
     rounded (a program on half a core or less leaves that core to llama.cpp), at most `most`, at least one."""
@@ -56,7 +71,7 @@ class _Fitter:
 
     def __init__(self) -> None:
         self.contexts: weakref.WeakSet[Fitted] = weakref.WeakSet()
-        self._mark: tuple[float, float, float] | None = None  # (clock, machine busy, own) at the window's start
+        self._mark: Mark | None = None  # at the window's start
         self.others = 0.0  # what other programs took in the last window, in cores
         self.windows = 0  # windows measured so far
 
@@ -65,19 +80,18 @@ class _Fitter:
         now = time.monotonic()
         if self._mark is not None and now - self._mark[0] < WINDOW_S:
             return
-        busy, own = busy_s(), own_s()
-        if busy is None:
+        here = mark()
+        if here[1] is None:
             return
         if self._mark is None or now - self._mark[0] > STALE_S:
             self.reset()
         else:
-            wall, busy0, own0 = self._mark
-            self.others = max(0.0, (busy - busy0) - (own - own0)) / (now - wall)
+            self.others = others_between(self._mark, here) or 0.0
             self.windows += 1
             cores = os.cpu_count() or 1
             for context in list(self.contexts):
                 context.use_threads(threads_for(cores, self.others, context.n_threads))
-        self._mark = now, busy, own
+        self._mark = here
 
     def reset(self) -> None:
         """Every context back to all its threads, and no window open (a calibration measures with all of them)."""

@@ -82,8 +82,8 @@ def test_the_contention_probe_counts_the_cores_others_took_beyond_those_left_fre
 
     clock, own = iter([100.0, 102.0]), iter([10.0, 14.0])
     monkeypatch.setattr(cores, "PROC_STAT", str(stat))
-    monkeypatch.setattr(calibrate, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
-    monkeypatch.setattr(calibrate, "own_s", lambda: next(own))
+    monkeypatch.setattr(cores, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(cores, "own_s", lambda: next(own))
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     stat.write_text(counters(1000.0) if others_s is not None else "not the kernel's counters\n")
     with calibrate.OtherLoad(threads=2) as load:
