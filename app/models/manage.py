@@ -168,46 +168,48 @@ def make_pair(name: str, target: str, draft: str | None = None, default: bool = 
         raise SpecchatError(f"unknown model {target!r}; add it first (`specchat add PATH-or-hf:REPO`)")
     if draft is not None and draft not in catalog.models:
         raise SpecchatError(f"unknown model {draft!r}; add it first (`specchat add PATH-or-hf:REPO`)")
-    t_path = on_disk(catalog.models[target])
-    how = ""
-    if draft is not None:
-        d_path = on_disk(catalog.models[draft])
-        if t_path is not None and d_path is not None:
-            with VocabFile(t_path) as tv, VocabFile(d_path) as dv:
-                why = incompatibility(tv, dv)
-            if why is not None:
-                raise SpecchatError(f"{draft} cannot draft for {target}: {why}; `specchat drafts {target}` lists "
-                                    "the models that can")
-            how = f"{draft} drafts (its tokenizer matches)"
-        else:
-            how = f"{draft} drafts (checked when both are on disk and the pair loads)"
-    elif not choose_draft:
-        how = "no draft, by choice: the pair uses prompt lookup and plain decoding"
-    elif t_path is None:
-        raise SpecchatError(f"model {target} is not on disk, so no draft can be chosen for it; `specchat pull {target}` "
-                            "first, or name the draft")
-    else:
-        candidates = find_drafts(t_path, catalog)
-        own = " (and its own MTP layers)" if candidates and candidates[0].own else ""
-        usable = [c for c in candidates if c.compatible and not c.own]
-        in_catalog = [c for c in usable if c.name is not None]
-        if in_catalog:
-            draft = in_catalog[0].name
-            how = f"{draft} drafts{own}: the smallest compatible model on disk ({size_text(in_catalog[0].size)})"
-        elif own:
-            how = "its own MTP layers draft (the mtp guesser): no draft file is needed"
-        elif usable:
-            raise SpecchatError(f"the compatible drafts on disk are not in the catalog: add one with "
-                                f"`specchat add {usable[0].path}` and pair again")
-        else:
-            how = (f"no model on disk can draft for {target} (`specchat drafts {target}` says why): "
-                   "the pair uses prompt lookup and plain decoding")
+    draft, how = _draft_for(target, draft, catalog, choose_draft)
     user = UserCatalog()
     user.add_pair(name, target, draft)
     if default:
         user.doc["default_pair"] = name
     user.save()
     return draft, how
+
+
+def _draft_for(target: str, draft: str | None, catalog: Catalog, choose_draft: bool) -> tuple[str | None, str]:
+    """The draft a new pair gets (a named one, checked where both files are on disk, else the smallest compatible
+    one on disk if `choose_draft`) and the line saying why."""
+    t_path = on_disk(catalog.models[target])
+    if draft is not None:
+        d_path = on_disk(catalog.models[draft])
+        if t_path is None or d_path is None:
+            return draft, f"{draft} drafts (checked when both are on disk and the pair loads)"
+        with VocabFile(t_path) as tv, VocabFile(d_path) as dv:
+            why = incompatibility(tv, dv)
+        if why is not None:
+            raise SpecchatError(f"{draft} cannot draft for {target}: {why}; `specchat drafts {target}` lists "
+                                "the models that can")
+        return draft, f"{draft} drafts (its tokenizer matches)"
+    if not choose_draft:
+        return None, "no draft, by choice: the pair uses prompt lookup and plain decoding"
+    if t_path is None:
+        raise SpecchatError(f"model {target} is not on disk, so no draft can be chosen for it; `specchat pull {target}` "
+                            "first, or name the draft")
+    candidates = find_drafts(t_path, catalog)
+    own = " (and its own MTP layers)" if candidates and candidates[0].own else ""
+    usable = [c for c in candidates if c.compatible and not c.own]
+    in_catalog = [c for c in usable if c.name is not None]
+    if in_catalog:
+        return in_catalog[0].name, \
+            f"{in_catalog[0].name} drafts{own}: the smallest compatible model on disk ({size_text(in_catalog[0].size)})"
+    if own:
+        return None, "its own MTP layers draft (the mtp guesser): no draft file is needed"
+    if usable:
+        raise SpecchatError(f"the compatible drafts on disk are not in the catalog: add one with "
+                            f"`specchat add {usable[0].path}` and pair again")
+    return None, (f"no model on disk can draft for {target} (`specchat drafts {target}` says why): "
+                  "the pair uses prompt lookup and plain decoding")
 
 
 def remove_model(name: str) -> tuple[list[str], Path | None]:

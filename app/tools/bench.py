@@ -57,6 +57,19 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
                                          modelled_seconds(seq, prompt, modelled, curve)))
         print(f"  prompt {n}/{len(prompts)} ({task}) done", file=sys.stderr)
 
+    draft_lengths = {label: config.draft_length if config.draft_length is not None else
+                     build(name, service.inputs(costs=True)).default_draft_length for label, name in guessers.items()}
+    report = _report(runs, oracle, draft_lengths)
+    _print_bench(report, target.name, args.repeat)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _report(runs: dict[str, dict[str, list[list[Stats]]]], oracle: dict[str, list[tuple[float, float, float]]],
+            draft_lengths: dict[str, int]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per task and guesser: acceptance, tokens per step against the formula, and medians of tok/s and of the
+    speedup within each repeat; then the oracle bound and the modelled auto on plain's text."""
     report: dict[str, dict[str, dict[str, float]]] = {}
     for task, by_guesser in runs.items():
         plain_tps = [_tps(r) for r in by_guesser["plain"]]
@@ -64,8 +77,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
         for name, reps in by_guesser.items():
             pooled = [s for rep in reps for s in rep]
             total = Stats.total(pooled)
-            k = config.draft_length if config.draft_length is not None else \
-                build(guessers[name], service.inputs(costs=True)).default_draft_length
+            k = draft_lengths[name]
             tps = [_tps(r) for r in reps]
             report[task][name] = {
                 "acceptance": total.acceptance,
@@ -82,10 +94,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
         gain = plain_s / oracle_s - 1  # the oracle's gain over plain decoding: what auto's is a share of
         report[task]["modelled"] = {"speedup_vs_plain": plain_s / auto_s,
                                     "share_of_oracle_gain": (plain_s / auto_s - 1) / gain if gain > 1e-9 else None}
-    _print_bench(report, target.name, args.repeat)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    return report
 
 
 def _tps(stats: list[Stats]) -> float:

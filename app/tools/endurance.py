@@ -185,7 +185,6 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
                 final_only: bool = False, min_turns: int = 0) -> Report:
     from specchat.service.settings import Settings, save_settings
     from specchat.ui.app import SpecchatApp
-    from specchat.ui.widgets import StatsPanel
 
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "config.toml"
@@ -203,32 +202,7 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
         # stops, regenerates and rewrites (every 3rd, 4th and 7th turn).
         while not final_only and (time.monotonic() < end or turn < min_turns):
             turn += 1
-            await pilot.press("ctrl+g")
-            report.switches += 1
-            if turn % 6 == 0:
-                await pilot.press("ctrl+n")
-            if turn % 7 == 0:
-                doc = workdir / f"doc-{turn}.md"
-                doc.write_text(DOCUMENT)
-                await _rewrite(pilot, app, doc, report)
-                report.rewrites += 1
-                if doc.read_text() != DOCUMENT:
-                    report.problems.append(f"turn {turn}: the rewrite changed the original document")
-                continue
-            stop = stops if turn % 3 == 0 else None
-            await _ask(pilot, app, LONG_PROMPT if stop else rng.choice(PROMPTS), stop)
-            check_answer(app, report)
-            report.stops += stop is not None and app.store.messages(app.conversation_id)[-1].status == "stopped"
-            if turn % 4 == 0:
-                # The new answer is a branch beside the old one, last on screen once it is stored: that
-                # it started shows as the stats panel's fresh list of steps.
-                panel = app.query_one(StatsPanel)
-                old = panel.steps
-                await pilot.press("ctrl+r")
-                await _until(pilot, lambda: panel.steps is not old and not app.generating
-                             and app.store.messages(app.conversation_id)[-1].status != "partial", "the regeneration")
-                check_answer(app, report)
-                report.regenerations += 1
+            await _turn(pilot, app, turn, rng, stops, workdir, report)
         # The check: greedy, no guesser, a new conversation, against a process that did nothing else.
         app.apply_settings(replace(app.settings, guesser="none", temperature=0.0))
         await pilot.press("ctrl+n")
@@ -237,6 +211,39 @@ async def drive(choice: ModelChoice, workdir: Path, minutes: float, seed: int = 
         check_answer(app, report)
         report.final = app.store.messages(app.conversation_id)[-1].content
     return report
+
+
+async def _turn(pilot, app, turn: int, rng: random.Random, stops: StopPoint, workdir: Path, report: Report) -> None:
+    """One turn of the session: switch the guesser, and now and then start a new chat, rewrite a document,
+    stop an answer midway or regenerate one."""
+    from specchat.ui.widgets import StatsPanel
+
+    await pilot.press("ctrl+g")
+    report.switches += 1
+    if turn % 6 == 0:
+        await pilot.press("ctrl+n")
+    if turn % 7 == 0:
+        doc = workdir / f"doc-{turn}.md"
+        doc.write_text(DOCUMENT)
+        await _rewrite(pilot, app, doc, report)
+        report.rewrites += 1
+        if doc.read_text() != DOCUMENT:
+            report.problems.append(f"turn {turn}: the rewrite changed the original document")
+        return
+    stop = stops if turn % 3 == 0 else None
+    await _ask(pilot, app, LONG_PROMPT if stop else rng.choice(PROMPTS), stop)
+    check_answer(app, report)
+    report.stops += stop is not None and app.store.messages(app.conversation_id)[-1].status == "stopped"
+    if turn % 4 == 0:
+        # The new answer is a branch beside the old one, last on screen once it is stored: that
+        # it started shows as the stats panel's fresh list of steps.
+        panel = app.query_one(StatsPanel)
+        old = panel.steps
+        await pilot.press("ctrl+r")
+        await _until(pilot, lambda: panel.steps is not old and not app.generating
+                     and app.store.messages(app.conversation_id)[-1].status != "partial", "the regeneration")
+        check_answer(app, report)
+        report.regenerations += 1
 
 
 def _record_ids(backend, report: Report) -> None:

@@ -74,6 +74,16 @@ def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
             toks, steps = replay_lookup(seq, len(prompt))
             s["lookup_steps"] += steps
         print(f"  {task}: prompt {n + 1} done ({int(s['n_greedy'])} greedy tokens so far)", file=sys.stderr)
+    report = _report(sums, per_prompt)
+    _print_measure(report, target.name, draft.name)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _report(sums: dict[str, dict[str, float]], per_prompt: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """Per task, the sums over its answers as rates: agreement, the acceptance bound, and tokens per step
+    replayed beside the formula's."""
     report: dict[str, dict[str, Any]] = {}
     for task, s in sums.items():
         n = s["n_greedy"]
@@ -94,10 +104,7 @@ def run_measure(args: argparse.Namespace, choice: ModelChoice) -> int:
             "lookup_hit_by_match": {label: s[f"hit_{label}"] / s[f"tried_{label}"]
                                     for label in _MATCH_LABELS if s[f"tried_{label}"]},
         }
-    _print_measure(report, target.name, draft.name)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    return report
 
 
 _MATCH_LABELS = [f"{lo}-{hi}" if hi > lo else f"{lo}" for lo, hi in
