@@ -127,7 +127,8 @@ class McpClient:
                 return future.result(timeout + _SLACK_S)
             except concurrent.futures.TimeoutError:
                 future.cancel()
-                return ToolResult.failed(f"{name} timed out after {timeout:g} s (server {server.entry.name!r})")
+                return ToolResult.failed(f"{name} timed out after {timeout:g} s (server {server.entry.name!r}): "
+                                         "the MCP client's loop did not answer")
 
     def close(self) -> None:
         """End every server (their processes have exited when this returns) and the loop's thread. Safe to call
