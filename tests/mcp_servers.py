@@ -6,9 +6,9 @@ itself after LIFETIME_S seconds, should the test that started it fail to stop it
 process from a test and always stops it.
 
 The tools: `echo` (its text back), `boom` (raises), `env` (a variable of the server's environment), `block`
-(never returns: for timeouts), `big` (a result of N bytes), `pid` (the server's process id), `picture` (a text
-and an image). The `SERVER_TAG` variable, when the entry sets it, is added to echo's answer: two servers of
-this one script can then be told apart.
+(never returns: for timeouts), `big` (a result of N bytes), `header` (one of an HTTP request's headers), `pid`
+(the server's process id), `picture` (a text and an image). The `SERVER_TAG` variable, when the entry sets it,
+is added to echo's answer: two servers of this one script can then be told apart.
 """
 
 from __future__ import annotations
@@ -18,22 +18,22 @@ import select
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
-if TYPE_CHECKING:
-    from mcp.server.mcpserver import MCPServer
+# Only the names: the tools' annotations are read where the tools are made, and MCPServer sets up logging
+# where it is made, which must be the server's process only.
+from mcp.server.mcpserver import Context, Image, MCPServer
 
 SCRIPT = str(Path(__file__).resolve())
 
 
 def build() -> MCPServer:
     """The server with its tools. Built only in the server's process: MCPServer sets up logging where it is made."""
-    from mcp.server.mcpserver import Image, MCPServer
-
     server = MCPServer("specchat-test")
 
     @server.tool()
@@ -65,6 +65,11 @@ def build() -> MCPServer:
         return ("abcdefghijklmnopqrstuvwxyz" * (size // 26 + 1))[:size]
 
     @server.tool()
+    def header(name: str, ctx: Context) -> str:
+        """One header of the HTTP request that carried the call ("<none>" over stdio)."""
+        return (ctx.headers or {}).get(name.lower(), "<none>")
+
+    @server.tool()
     def pid() -> str:
         """The server's process id."""
         return str(os.getpid())
@@ -92,12 +97,20 @@ def serve_http(lifetime_s: float) -> None:
 @contextmanager
 def http_server(lifetime_s: float = 60.0, timeout_s: float = 30.0) -> Iterator[str]:
     """This script serving streamable HTTP in a process of its own; yields its URL."""
+    stderr = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen([sys.executable, SCRIPT, "--http", str(lifetime_s)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+                            stderr=stderr, text=True)
+
+    def said() -> str:
+        stderr.seek(0)
+        return stderr.read()[-2000:]
+
     try:
         ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
-        assert ready, f"the MCP test server did not name its port within {timeout_s} s"
-        port = int(proc.stdout.readline())
+        assert ready, f"the MCP test server did not name its port within {timeout_s} s: {said()}"
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), f"the MCP test server did not start: {said()}"
+        port = int(line)
         # The port is bound before it is printed, but uvicorn accepts only once it runs: wait until it does.
         deadline = time.monotonic() + timeout_s
         while True:
@@ -105,12 +118,14 @@ def http_server(lifetime_s: float = 60.0, timeout_s: float = 30.0) -> Iterator[s
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
-                assert time.monotonic() < deadline, "the MCP test server did not accept connections"
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    f"the MCP test server did not accept connections: {said()}"
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         proc.kill()
         proc.wait(10)
+        stderr.close()
 
 
 if __name__ == "__main__":

@@ -62,6 +62,12 @@ def test_a_call_reaches_the_server_it_names_over_stdio_and_http(client):
     assert (result.text, result.error) == ("över HTTP", False)
 
 
+def test_an_http_servers_headers_go_with_every_request():
+    with http_server() as url, McpClient(timeout_s=30) as mcp:
+        assert mcp.start([ServerEntry("web", url=url, headers={"Authorization": "Bearer test-token"})]) == []
+        assert mcp.call("header", '{"name": "Authorization"}').text == "Bearer test-token"
+
+
 def test_a_command_that_does_not_exist_is_one_line_and_the_others_start(client):
     _, problems = client
     assert problems == ["MCP server 'gone' did not start: command '/no/such/mcp-server' not found: "
