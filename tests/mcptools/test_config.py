@@ -44,10 +44,10 @@ def test_no_file_and_no_table_configure_no_servers(tmp_path):
 
 
 DESKTOP = {"mcpServers": {
+    "files": {"command": "old-files", "autoApprove": []},  # another client's field: skipped without a word
     "notes": {"command": "uvx", "args": ["notes-mcp"], "env": {"NOTES_DIR": "/n"}},
     "remote": {"type": "http", "url": "http://127.0.0.1:9000/mcp"},
     "off": {"command": "x", "disabled": True},  # Cline's switch
-    "files": {"command": "old-files", "autoApprove": []},  # another client's field: skipped without a word
 }}
 
 
@@ -57,6 +57,7 @@ def test_a_claude_desktop_file_is_imported_and_config_toml_overrides_its_servers
     path.write_text('[mcp]\nimport = "claude_desktop_config.json"\n\n[mcp.servers.files]\ncommand = "new-files"\n')
     config = load_config(path)
     assert config.problems == ()
+    # config.toml's "files" replaces the file's, and comes after every imported server.
     assert config.servers == (ServerEntry("notes", command="uvx", args=("notes-mcp",), env={"NOTES_DIR": "/n"}),
                               ServerEntry("remote", url="http://127.0.0.1:9000/mcp"),
                               ServerEntry("files", command="new-files"))

@@ -21,3 +21,9 @@ def test_a_name_still_taken_gets_a_number_in_configured_order():
     # were it prefixed; and two servers named alike once made safe.
     assert exposed_names([("a", "a__x"), ("b", "x"), ("a", "x")]) == ["a__x", "b__x", "a__x_2"]
     assert exposed_names([("s.1", "t"), ("s_1", "t")]) == ["s_1__t", "s_1__t_2"]
+
+
+def test_a_numbered_name_stays_within_64_characters():
+    long = "t" * 70
+    assert exposed_names([("a", "a__" + long), ("a", long), ("b", long)]) == [
+        "a__" + "t" * 61, "a__" + "t" * 59 + "_2", "b__" + "t" * 61]
