@@ -6,9 +6,9 @@ itself after LIFETIME_S seconds, should the test that started it fail to stop it
 process from a test and always stops it.
 
 The tools: `echo` (its text back), `boom` (raises), `env` (a variable of the server's environment), `block`
-(never returns: for timeouts), `big` (a result of N bytes), `header` (one of an HTTP request's headers), `pid`
-(the server's process id), `picture` (a text and an image). The `SERVER_TAG` variable, when the entry sets it,
-is added to echo's answer: two servers of this one script can then be told apart.
+(never returns: for timeouts), `big` (a result of N bytes), `header` (one of an HTTP request's headers), `die`
+(exits mid-call), `pid` (the server's process id), `picture` (a text and an image). The `SERVER_TAG` variable,
+when the entry sets it, is added to echo's answer: two servers of this one script can then be told apart.
 """
 
 from __future__ import annotations
@@ -68,6 +68,11 @@ def build() -> MCPServer:
     def header(name: str, ctx: Context) -> str:
         """One header of the HTTP request that carried the call ("<none>" over stdio)."""
         return (ctx.headers or {}).get(name.lower(), "<none>")
+
+    @server.tool()
+    def die() -> str:
+        """Ends the server's process in the middle of the call."""
+        os._exit(3)
 
     @server.tool()
     def pid() -> str:

@@ -14,7 +14,7 @@ from mcp_servers import SCRIPT, http_server
 
 from specchat.mcptools.client import McpClient
 from specchat.mcptools.config import ServerEntry
-from specchat.mcptools.results import MAX_RESULT_BYTES
+from specchat.mcptools.results import MAX_RESULT_BYTES, ToolResult
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -149,6 +149,25 @@ def test_close_leaves_no_server_process_even_one_stuck_in_a_call():
         for pid in pids:  # a planted bug must not leave them behind
             if alive(pid):
                 os.kill(pid, 9)
+        mcp.close()
+
+
+def test_a_server_that_dies_in_a_call_is_one_line_for_that_call_and_every_later_one():
+    with McpClient(timeout_s=30) as mcp:
+        assert mcp.start([stdio("a")]) == []
+        assert mcp.call("die", "") == ToolResult.failed("die (server 'a') failed: Connection closed")
+        # Not a wait for the timeout: the closed connection answers at once.
+        assert mcp.call("echo", '{"text": "x"}') == ToolResult.failed("echo (server 'a') failed: Connection closed")
+
+
+def test_a_closed_client_starts_servers_again():
+    mcp = McpClient()
+    try:
+        for _ in range(2):
+            assert mcp.start([stdio("a")]) == []
+            assert mcp.call("echo", '{"text": "again"}').text == "again"
+            mcp.close()
+    finally:
         mcp.close()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from specchat.mcptools.config import DEFAULT_TIMEOUT_S, McpConfig, ServerEntry, load_config, read_desktop_json
-from specchat.service.settings import Settings, load_settings
+from specchat.service.settings import Settings, load_settings, save_settings
 
 CONFIG = """\
 temperature = 0.5
@@ -33,8 +33,11 @@ def test_servers_are_read_from_config_toml_as_claude_desktop_writes_them(tmp_pat
                     env={"NOTES_TOKEN": "abc"}),
         ServerEntry("web", url="https://mcp.example.com/mcp", headers={"Authorization": "Bearer xyz"})),
         timeout_s=20.0)
-    # The settings read the same file and leave the [mcp] table alone: no "unknown setting" line.
+    # The settings read the same file and leave the [mcp] table alone: no "unknown setting" line, and a save
+    # rewrites only their own keys.
     assert load_settings(path) == (Settings(temperature=0.5), [])
+    save_settings(Settings(temperature=0.7), path)
+    assert path.read_text() == CONFIG.replace("temperature = 0.5", "temperature = 0.7")
 
 
 def test_no_file_and_no_table_configure_no_servers(tmp_path):
