@@ -88,7 +88,13 @@ class McpClient:
             new = [_Server(entry, tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")) for entry in servers]
             self._servers += new
             future = asyncio.run_coroutine_threadsafe(self._start_all(new), self._loop)
-            future.result()  # bounded: each server's start is (start_timeout_s, then the SDK's bounded shutdown)
+            try:
+                # Each start ends by its deadline, then the SDK's bounded shutdown: only a wedged loop waits longer.
+                future.result(self.start_timeout_s + CLOSE_TIMEOUT_S + _SLACK_S)
+            except concurrent.futures.TimeoutError:
+                for server in new:
+                    if server.client is None and not server.problem:
+                        server.problem = f"MCP server {server.entry.name!r} did not start: the MCP client's loop did not answer"
             self._by_name = self._names()
             return [s.problem for s in new if s.problem]
 
