@@ -15,6 +15,7 @@ group) and returns only when they have exited.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import json
 import math
@@ -83,6 +84,9 @@ class McpClient:
                 self._loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(target=self._loop.run_forever, name="specchat-mcp", daemon=True)
                 self._thread.start()
+                # A caller that exits without closing (an exception, Ctrl+C in `specchat generate`) still ends its
+                # servers: each runs in a session of its own, which no signal to ours reaches.
+                atexit.register(self.close)
             # Each server's stderr goes to a file of its own, not the terminal the app draws on; its last line
             # explains a server that did not start.
             new = [_Server(entry, tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")) for entry in servers]
@@ -155,6 +159,7 @@ class McpClient:
             for server in self._servers:
                 server.stderr.close()
             self._loop, self._thread, self._servers, self._by_name = None, None, [], {}
+            atexit.unregister(self.close)
 
     # --- on the loop ------------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -150,6 +151,26 @@ def test_close_leaves_no_server_process_even_one_stuck_in_a_call():
             if alive(pid):
                 os.kill(pid, 9)
         mcp.close()
+
+
+def test_a_program_that_exits_without_closing_leaves_no_server_process(tmp_path):
+    # The server is stuck in a call (block), so the end of its stdin alone would not end it.
+    program = f"""
+import sys
+from specchat.mcptools.client import McpClient
+from specchat.mcptools.config import ServerEntry
+mcp = McpClient()
+mcp.start([ServerEntry("a", command=sys.executable, args=({SCRIPT!r},))])
+print(mcp.call("pid", "").text, flush=True)
+mcp.call("block", "", timeout_s=0.2)
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    pid = int(done.stdout.split()[0])
+    try:
+        assert not alive(pid)
+    finally:
+        if alive(pid):
+            os.kill(pid, 9)
 
 
 def test_a_server_that_dies_in_a_call_is_one_line_for_that_call_and_every_later_one():
