@@ -116,6 +116,17 @@ def test_the_streamed_deltas_assemble_in_the_client_to_the_same_call(fake, answe
     assert "tool_call>" not in "".join(d.content or "" for d in deltas)
 
 
+def test_a_call_is_streamed_as_soon_as_it_is_finished(fake):
+    fake.model.answer = CALL + "\nThat is all."
+    chunks = list(fake.client().chat.completions.create(model="fake", messages=ASK, tools=[WEATHER], stream=True,
+                                                        extra_body=PLAIN))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    called = next(i for i, d in enumerate(deltas) if d.tool_calls)
+    said = next(i for i, d in enumerate(deltas) if (d.content or "").strip())
+    assert called < said  # before the text the answer wrote after it
+    assert "".join(d.content or "" for d in deltas) == "\nThat is all."
+
+
 def test_parallel_tool_calls_false_keeps_the_first_call_only(fake):
     two = CALL + '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
     both = fake.ask(two, tools=[WEATHER, TIME]).choices[0].message.tool_calls
@@ -163,6 +174,17 @@ def test_a_tool_result_sent_back_reaches_the_prompt_as_the_template_writes_it(fa
         Message("assistant", "", tool_calls=(ToolCall("get_weather", '{"city": "Paris"}', "call_abc123"),)),
         Message("tool", "18 degrees and sunny", tool_call_id="call_abc123")], tools=[WEATHER])
     assert prompt == expected
+
+
+def test_a_result_reaches_the_template_with_its_call_id():
+    # Mistral Nemo's template writes each result with the id of the call it answers.
+    nemo = (Path(__file__).parent.parent / "templates" / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text()
+    called = {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "abcDEF123", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    result = {"role": "tool", "tool_call_id": "abcDEF123", "content": "rain"}
+    with running(nemo) as server:
+        assert server.ask("It rains.", [*ASK, called, result], tools=[WEATHER]).choices[0].message.content == "It rains."
+        assert '[TOOL_RESULTS]{"content": rain, "call_id": "abcDEF123"}[/TOOL_RESULTS]' in server.prompt()
 
 
 def test_an_assistant_message_of_calls_alone_and_arguments_as_an_object_are_taken(fake):

@@ -65,7 +65,7 @@ def test_a_call_split_at_every_point_gives_the_same_text_and_call():
     answer = "Let me look.\n" + CALL + "\n"
     for texts in pieces(answer):
         streamed, calls, done, notices = outcome(run([ToolSplit(HERMES, lambda: "id1")], texts))
-        assert done.text == "Let me look.\n" and done.text.startswith(streamed), texts
+        assert done.text == streamed == "Let me look.\n", texts  # released by the steps, as soon as known
         assert done.calls == (PARIS,) and calls in ((), (PARIS,)), texts  # the call comes once, with its </tool_call>
         assert calls == (PARIS,) or texts[2] == "" or texts[2].strip() == "", texts
         assert done.reason == "tool_calls" and notices == [], texts
@@ -89,6 +89,12 @@ def test_text_released_only_at_the_end_is_split_too():
     assert (done.text, done.calls, done.reason) == (" Done.", (PARIS,), "tool_calls")
 
 
+def test_what_may_be_a_marker_is_held_back_and_released_at_the_end_at_every_split_point():
+    for texts in pieces("Use <tool"):
+        streamed, calls, done, notices = outcome(run([ToolSplit(HERMES, lambda: "id1")], texts))
+        assert streamed == "Use " and done.text == "Use <tool" and done.calls == () and notices == [], texts
+
+
 def test_an_answer_cut_short_after_a_call_keeps_its_reason():
     # As llama-server: "tool_calls" only for an answer that ended as a turn ends, not one max_tokens cut.
     _, _, done, _ = outcome(run([ToolSplit(HERMES, lambda: "id1")], [CALL, " and"], reason="max_tokens"))
@@ -99,7 +105,7 @@ def test_malformed_call_text_is_kept_with_one_notice_at_every_split_point():
     broken = "Here: " + CALL.replace("}}", "}")
     for texts in pieces(broken):
         streamed, calls, done, notices = outcome(run([ToolSplit(HERMES, lambda: "id1")], texts))
-        assert done.text == broken and done.text.startswith(streamed) and calls == done.calls == (), texts
+        assert done.text == streamed == broken and calls == done.calls == (), texts
         assert done.reason == "eog" and len(notices) == 1 and notices[0].startswith("malformed tool call"), texts
 
 
@@ -168,3 +174,13 @@ def test_without_tools_the_answer_and_its_events_are_as_before():
     assert not any(isinstance(e, Notice) for e in events)
     for empty in ([], None):  # no tools at all is the same
         assert list(chat.chat(asked, GREEDY, "none", tools=empty))[-1].text == CALL
+
+
+def test_a_call_written_inside_the_thinking_is_thought_not_a_call():
+    # As llama.cpp parses calls in the content only: for JSON formats the thinking comes off first.
+    qwen3 = (TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text()
+    answer = "<think>Maybe " + CALL + " would do.</think>\n\nNo call is needed."
+    events = list(service(qwen3, answer).chat([Message("user", "Hi")], GREEDY, "none", tools=[WEATHER]))
+    done = events[-1]
+    assert (done.text, done.calls, done.reason) == ("No call is needed.", (), "eog")
+    assert done.thinking == "Maybe " + CALL + " would do."
