@@ -11,6 +11,8 @@ from typing import Any, Iterator
 
 import pytest
 from fakes.model import TEMPLATE, AnsweringModel
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from serving import Server, in_thread
 
 from specchat.llama.template import ChatTemplate, Message, ToolCall
@@ -264,3 +266,45 @@ def test_tools_with_a_template_that_writes_no_calls_get_a_one_line_400():
         assert stream == message
         # ... and without tools it answers as ever.
         assert server.ask("Hi.").choices[0].message.content == "Hi."
+
+
+# --- property tests ----------------------------------------------------------------------------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=12),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                        st.sampled_from(["type", "function", "name", "arguments", "id", "parameters", "content"]) |
+                        st.text(max_size=6), inner, max_size=4),
+                    max_leaves=10)
+TOOL_FIELDS = ["tools", "tool_choice", "parallel_tool_calls", "calls", "tool_call_id", "result"]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(TOOL_FIELDS), value=JSON, stream=st.booleans())
+def test_random_tool_fields_get_an_answer_or_a_400_never_a_failure(fake, field, value, stream):
+    """A good request with tools and a result sent back, one of its tool fields replaced by random JSON."""
+    called = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": "rain"}
+    body: dict[str, Any] = {"tools": [WEATHER], "tool_choice": "auto", "stream": stream, **PLAIN}
+    if field == "calls":
+        called["tool_calls"] = value
+    elif field == "tool_call_id":
+        result["tool_call_id"] = value
+    elif field == "result":
+        result["content"] = value
+    else:
+        body[field] = value
+    fake.model.answer = CALL
+    failed = fake.server.health()["failed"]
+    status, headers, answer = fake.server.request("POST", "/v1/chat/completions", json.dumps(
+        body | {"messages": [*ASK, called, result]}).encode(), {"Content-Type": "application/json"}, auth=False)
+    assert status in (200, 400), answer[:300]
+    if status == 400:
+        err = json.loads(answer)["error"]
+        assert err["message"] and "\n" not in err["message"], err
+    elif not stream:
+        message = json.loads(answer)["choices"][0]["message"]
+        assert message.get("tool_calls") or message["content"] == CALL  # a call, or no tools (or "none"): text
+    else:
+        assert answer.rstrip().endswith(b"data: [DONE]"), answer[-300:]
+    assert fake.server.health()["failed"] == failed
