@@ -137,10 +137,12 @@ def test_parallel_tool_calls_false_keeps_the_first_call_only(fake):
     assert [c.function.name for c in first.message.tool_calls] == ["get_weather"]
     assert first.finish_reason == "tool_calls"
     fake.model.answer = two
-    with fake.client().chat.completions.stream(model="fake", messages=ASK, tools=[WEATHER, TIME],
-                                               parallel_tool_calls=False, extra_body=PLAIN) as stream:
-        streamed = stream.get_final_completion().choices[0]
-    assert [c.function.name for c in streamed.message.tool_calls] == ["get_weather"]
+    for parallel, names in ((True, ["get_weather", "get_time"]), (False, ["get_weather"])):
+        with fake.client().chat.completions.stream(model="fake", messages=ASK, tools=[WEATHER, TIME],
+                                                   parallel_tool_calls=parallel, extra_body=PLAIN) as stream:
+            streamed = stream.get_final_completion().choices[0]
+        assert [c.function.name for c in streamed.message.tool_calls] == names
+        assert [json.loads(c.function.arguments) for c in streamed.message.tool_calls] == [{"city": "Paris"}, {}][:len(names)]
 
 
 def test_tool_choice_none_renders_the_tools_but_reads_no_calls(fake):
