@@ -20,7 +20,6 @@ from specchat.errors import SpecchatError
 from specchat.llama.toolcalls import Delta, Splitter, ToolCall, ToolFormat, new_id
 from specchat.service.events import ChatEvent, Notice
 
-CHOICES = ("auto", "none", "required")  # tool_choice as text; or {"type": "function", "function": {"name": ...}}
 ENDED = ("eog", "stop")  # the ways an answer ends as a turn: only those make its reason "tool_calls"
 
 
