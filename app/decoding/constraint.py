@@ -58,14 +58,19 @@ class Constraint:
         a JSON schema's grammar takes milliseconds; a copy, microseconds)."""
         if self._compiled is None:
             self._compiled = llguidance.LLMatcher(self.tokenizer, self.grammar, log_level=0)
-        return Matcher(self._compiled.deep_copy(), self.tokenizer.vocab_size, self.name)
+        return Matcher(self._compiled.deep_copy(), self.tokenizer.vocab_size, self.name,
+                       frozenset(self.tokenizer.eos_tokens))
 
 
 class Matcher:
     """Where one answer stands in the grammar: the tokens it has consumed, the mask for the next."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int, name: str) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int, name: str, ends: frozenset[int]) -> None:
         self._m, self.n_vocab, self.name = matcher, n_vocab, name
+        # The end tokens are never consumed: nothing follows one (the answer ends there), and llguidance 1.9
+        # does not count one it consumed when rolling back, so that rollback(n) past it takes back a token
+        # too many (and the matcher would go on from a state the answer is not in).
+        self.ends = ends
         self.consumed = 0  # tokens taken and not rolled back: the answer so far, while no step is under way
         self._check()
 
@@ -83,8 +88,22 @@ class Matcher:
         """How many of `tokens` the grammar takes in a row from here (nothing is consumed)."""
         return int(self._m.validate_tokens([int(t) for t in tokens])) if len(tokens) else 0
 
+    def after(self, tokens: Sequence[int]) -> np.ndarray:
+        """What the grammar allows after `tokens` from here (then taken back); nothing where it refuses them.
+        A drafter's masks (`guessers.base.Allowed`)."""
+        if self.valid_prefix(tokens) < len(tokens) or self.ends.intersection(tokens):
+            return np.zeros(self.n_vocab, dtype=bool)
+        self.consume(tokens)
+        try:
+            return self.allowed()
+        finally:
+            self.rollback(len(tokens))
+
     def consume(self, tokens: Sequence[int]) -> None:
+        """Take the answer's next tokens (not an end token: see `ends`)."""
         for t in tokens:
+            if int(t) in self.ends:
+                raise SpecchatError(f"{self.name}: an end token ({int(t)}) is never consumed; the answer ends there")
             if not self._m.consume_token(int(t)):
                 raise SpecchatError(f"{self.name} refused token {int(t)}, which its own mask allowed: "
                                     f"{self._m.get_error().strip()[:200]}")
@@ -99,8 +118,8 @@ class Matcher:
     def masks(self, tree: Tree) -> np.ndarray:
         """(nodes + 1, n_vocab) bool, in the rows the rule reads: row 0 what may follow the answer so far, row
         i + 1 what may follow node i's path. The matcher walks each path and comes back to where it was. A
-        node the grammar refuses can never be accepted (the target gives it probability 0), so what follows
-        it is never read: its row allows everything."""
+        node the grammar refuses can never be accepted (the target gives it probability 0), and after an end
+        token the answer is over, so what follows either is never read: its row allows everything."""
         rows = np.ones((len(tree.tokens) + 1, self.n_vocab), dtype=bool)
         rows[0] = self.allowed()
         base, walked = self.consumed, []  # the path the matcher stands on, from the answer so far
@@ -111,7 +130,7 @@ class Matcher:
                 self.rollback(len(walked) - same)
                 walked = walked[:same]
                 rest = path[same:]
-                if self.valid_prefix(rest) < len(rest):
+                if self.valid_prefix(rest) < len(rest) or self.ends.intersection(rest):
                     continue
                 self.consume(rest)
                 walked = path

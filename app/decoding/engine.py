@@ -80,6 +80,11 @@ class Engine:
         # One matcher per generation, following the answer's committed tokens: a generation cancelled between
         # steps leaves nothing behind in it, and the next starts from the grammar's start.
         matcher = config.constraint.start() if config.constraint is not None else None
+        # Drafters that sample under the grammar make guesses that hold; set for every generation, so that none
+        # drafts under an earlier one's. (Guessers without it draft as they would: the rule stays exact.)
+        constrain = getattr(self.guesser, "constrain", None)
+        if constrain is not None:
+            constrain(None if matcher is None else matcher.after)
         stats = Stats(n_prompt=len(prompt), cached=cached, prefill_s=time.perf_counter() - t0)
         yield Prefill(len(prompt), cached, stats.prefill_s)
 

@@ -2,7 +2,7 @@
 distribution (the target's, masked to what the grammar allows and renormalised), whatever the guesses, on
 scripted models with a real llguidance matcher over their letters. The joint distribution of the first three
 tokens at T=1 against the exact one, with a draft that proposes refused tokens, one whose own
-distribution is masked, lookup copying refused text, and a tree of both; a planted bug (the mask applied to
+distribution is masked under the grammar, lookup copying refused text, and a tree of both; a planted bug (the mask applied to
 the draft but not to the target's rule) must fail. Then the matcher's bookkeeping: consumed and rolled back
 in step with the cache, a refused copy cut, the end allowed only where the grammar accepts."""
 
@@ -20,7 +20,8 @@ from pooled import chi_square
 import specchat.decoding.verify as verify_module
 from specchat.decoding.constraint import Constraint
 from specchat.decoding.engine import Engine, GenerationConfig, final, fitted
-from specchat.decoding.guessers import DraftGuesser, LookupGuesser, Proposal
+from specchat.decoding.guessers import AutoGuesser, DraftGuesser, LookupGuesser, Proposal
+from specchat.decoding.policy import CostCurve
 from specchat.decoding.sampling import SamplingConfig, logits_to_probs, masked, sample
 from specchat.decoding.verify import Tree, verify_logits
 from specchat.errors import SpecchatError
@@ -73,28 +74,10 @@ def sample_first_three(target, guesser, k: int, n: int = N) -> tuple[np.ndarray,
     return counts, rejected, accepted
 
 
-class MaskedDraft:
-    """A draft that samples from its own distribution masked to the grammar's (known here by position), and
-    says so: the draft-side masking a drafter may do for acceptance."""
+class UnmaskedDraft(DraftGuesser):
+    """The draft without the grammar's masks: it proposes refused tokens, which only the target's rule stops."""
 
-    name, default_draft_length = "draft", 3
-
-    def __init__(self, draft: ScriptedModel) -> None:
-        self.draft = draft
-
-    def prepare(self, context) -> None:
-        pass
-
-    def propose(self, context, k, sampling, rng) -> Proposal:
-        context, tokens, rows = list(context), [], []
-        for _ in range(k):
-            q = logits_to_probs(masked(self.draft.logits(context), mask(len(context) - len(PROMPT))), sampling)
-            tokens.append(sample(q, rng))
-            rows.append(q)
-            context.append(tokens[-1])
-        return Proposal(tokens, np.stack(rows) if rows else None, "draft")
-
-    def observe(self, *args) -> None:
+    def constrain(self, allowed) -> None:
         pass
 
 
@@ -130,11 +113,11 @@ class TreeGuesser:
 
 def guesser(kind: str):
     draft = ScriptedModel(DRAFT_SEED, 1.0)
-    return {"draft": DraftGuesser(draft), "masked draft": MaskedDraft(draft), "lookup": LookupGuesser(),
+    return {"draft": DraftGuesser(draft), "unmasked draft": UnmaskedDraft(draft), "lookup": LookupGuesser(),
             "tree": TreeGuesser(draft)}[kind]
 
 
-@pytest.mark.parametrize("kind,k", [("draft", 3), ("masked draft", 3), ("lookup", 4), ("tree", 2)])
+@pytest.mark.parametrize("kind,k", [("draft", 3), ("unmasked draft", 3), ("lookup", 4), ("tree", 2)])
 def test_speculation_under_a_grammar_gives_the_constrained_targets_distribution(kind, k):
     target = ScriptedModel(TARGET_SEED, 1.5)
     counts, rejected, accepted = sample_first_three(target, guesser(kind), k)
@@ -173,7 +156,35 @@ def test_a_mask_on_the_draft_but_not_on_the_targets_rule_is_caught(monkeypatch, 
     counts, want = first_tokens(draft_masked)
     assert p_value(counts, want) < 1e-6
     with pytest.raises(SpecchatError, match="the test grammar refused token"):
-        sample_first_three(ScriptedModel(TARGET_SEED, 1.5), guesser("masked draft" if draft_masked else "draft"), 3)
+        sample_first_three(ScriptedModel(TARGET_SEED, 1.5), guesser("draft" if draft_masked else "unmasked draft"), 3)
+
+
+def test_a_draft_under_a_grammar_samples_from_its_masked_distribution_and_says_so():
+    matcher, draft = constraint().start(), DraftGuesser(ScriptedModel(DRAFT_SEED, 1.0))
+    matcher.consume([1])  # 'b'
+    draft.constrain(matcher.after)
+    rng, seen = np.random.default_rng(0), set()
+    for _ in range(200):
+        proposal = draft.propose(PROMPT + [1], 3, SamplingConfig(1.0), rng)
+        for i, (t, q) in enumerate(zip(proposal.tokens, proposal.probs)):
+            assert t in ALLOWED[i + 1] and q[~mask(i + 1)].sum() == 0 and abs(q.sum() - 1) < 1e-9
+            seen.add((i, t))
+    assert seen == {(i, t) for i in range(3) for t in ALLOWED[i + 1]}  # every allowed token, at every position
+    assert matcher.consumed == 1
+    greedy = draft.propose(PROMPT + [1], 3, SamplingConfig(), rng).tokens
+    assert all(t in ALLOWED[i + 1] for i, t in enumerate(greedy))
+    draft.constrain(None)  # the next generation's, unconstrained: the draft's own choice again
+    assert any(draft.propose(PROMPT + [1], 1, SamplingConfig(1.0), rng).tokens[0] not in ALLOWED[1] for _ in range(100))
+
+
+def test_auto_passes_the_grammar_to_its_drafters_and_the_engine_sets_it_for_every_generation():
+    draft = DraftGuesser(ScriptedModel(DRAFT_SEED, 1.0))
+    auto = AutoGuesser(CostCurve([0.01] * 16), {"draft": draft})
+    engine = Engine(ScriptedModel(TARGET_SEED, 1.5), auto)
+    final(engine.generate(PROMPT, GenerationConfig(max_tokens=2, constraint=constraint())))
+    assert draft.allowed is not None and not draft.allowed([3])[0]  # 'd' first is refused: nothing after it
+    final(engine.generate(PROMPT, GenerationConfig(max_tokens=2)))
+    assert draft.allowed is None
 
 
 def test_greedy_under_a_grammar_is_the_masked_argmax_with_any_guesser():
@@ -182,7 +193,7 @@ def test_greedy_under_a_grammar_is_the_masked_argmax_with_any_guesser():
     for i in range(5):
         want.append(int(masked(target.logits(context), mask(i)).argmax()))
         context.append(want[-1])
-    for kind in ("draft", "lookup", "tree"):
+    for kind in ("draft", "unmasked draft", "lookup", "tree"):
         done = final(Engine(target, guesser(kind)).generate(
             PROMPT, GenerationConfig(max_tokens=5, draft_length=3, constraint=constraint())))
         assert list(done.token_ids) == want, kind
@@ -210,6 +221,20 @@ def test_the_matcher_walks_each_guess_and_comes_back():
     assert rows[0].tolist() == mask(1).tolist()
     assert rows[1].tolist() == mask(2).tolist() and rows[2].tolist() == mask(3).tolist()
     assert rows[3].all() and rows[4].all()  # after a refused guess: never read
+
+
+def test_guesses_past_an_end_token_leave_the_matcher_where_it_was():
+    """llguidance does not count an end token it consumed when rolling back (1.9.1): walking a guess through
+    one and back took a token of the answer back with it. The matcher never consumes one."""
+    tokenizer = toy.text()
+    matcher, end = Constraint.lark('start: "ok" "!"?', tokenizer, "ok").start(), 257
+    matcher.consume(tokenizer.tokenize_str("ok"))
+    rows = matcher.masks(Tree.chain([ord("!"), end, ord("x")]))
+    assert rows[0, end] and rows[0, ord("!")] and rows[1, end] and not rows[1, ord("!")] and rows[2:].all()
+    assert matcher.masks(Tree.chain([end, ord("!")]))[1:].all()  # the end straight away: nothing after it is read
+    assert not matcher.after([ord("!"), end]).any()  # nothing follows the end: a drafter stops there
+    matcher.consume([ord("!")])
+    assert np.flatnonzero(matcher.allowed()).tolist() == [end] and matcher.consumed == 3
 
 
 def test_a_cancelled_generation_leaves_the_next_one_at_the_grammars_start():
