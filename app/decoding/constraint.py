@@ -28,8 +28,8 @@ _TOKENIZERS: dict[str, llguidance.LLTokenizer] = {}
 
 def tokenizer_of(model: Model) -> llguidance.LLTokenizer:
     """llguidance's view of a loaded model's vocabulary, its end-of-generation tokens as the grammar's end
-    (so that an answer may end only where the grammar accepts). Cached by the model's vocabulary."""
-    key = model.cache_key
+    (so that an answer may end only where the grammar accepts). Cached by the model's file."""
+    key = f"{model.path.resolve()}|{model.n_vocab}"
     if key not in _TOKENIZERS:
         import llguidance.llamacpp  # imports llama_cpp, which a loaded Model has already
 
