@@ -265,6 +265,19 @@ def test_the_answer_ends_only_where_the_grammar_accepts():
     assert seen == {"ok", "ok!"}
 
 
+def test_the_mask_acts_before_the_filters_and_across_vocabulary_widths():
+    logits = np.array([3.0, 2.0, 1.0, 0.0])
+    # top-k 1 among the allowed: the best allowed token, not an empty set after the best overall was cut
+    probs = logits_to_probs(masked(logits, np.array([False, True, True, False])), SamplingConfig(1.0, top_k=1))
+    assert probs.tolist() == [0, 1, 0, 0]
+    wider = masked(logits, np.array([False, False, False, True, True]))  # a token this model has not: ignored
+    assert np.isneginf(wider[:3]).all() and wider[3] == 0.0
+    narrower = masked(logits, np.array([True, False]))  # the vocabulary's padding: refused
+    assert narrower[0] == 3.0 and np.isneginf(narrower[1:]).all()
+    with pytest.raises(SpecchatError, match="^the grammar allows no token at a position it reached"):
+        masked(logits, np.array([False, False, False, False, True]))
+
+
 def test_a_grammar_that_does_not_compile_is_one_line():
     with pytest.raises(SpecchatError, match="^the test grammar cannot be compiled: .*") as caught:
         Constraint.lark("start: <nonsense", toy.letters(V), "the test grammar")
