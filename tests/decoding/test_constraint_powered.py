@@ -1,5 +1,5 @@
 """Exactness under a grammar on llama.cpp: at T=1 (top-k 3), the first three tokens of as many constrained
-answers as a chi-square needs to see a sampler 0.04 (total variation) away, with a draft and with lookup,
+answers as a chi-square needs to see a sampler 0.03 (total variation) away, with a draft and with lookup,
 against the constrained target's exact joint (each conditional from a fresh model's logits, masked to what
 the grammar allows after that prefix). The model is a generated llama GGUF (tests/tiny_gguf.py, 40 tokens,
 as tests/decoding/test_exact_powered.py uses) read by llguidance from its llama.cpp vocabulary; the grammar
@@ -23,10 +23,12 @@ from specchat.decoding.sampling import SamplingConfig, logits_to_probs, masked
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
 
-TV, ALPHA = 0.04, 1e-3
-SAMPLING = SamplingConfig(1.0, top_k=3)  # among the allowed: 2 x 2 x 3 answers of three tokens
-TEXT = "milmilmilmilmi"  # lookup copies 'l m i l', which the grammar takes; the draft guesses anything
-GRAMMAR = "start: /[lm][mi][a-z]+/"
+TV, ALPHA = 0.03, 1e-3
+SAMPLING = SamplingConfig(1.0, top_k=3)  # among the allowed: 27 answers of three tokens
+# After this the target gives 'l' 0.67, '!' 0.16, ',' 0.05; then 'm' 0.28 (2026-12-05). The grammar refuses
+# '!', ',' and 'm' there: lookup's copy 'l m' is cut to 'l', and the draft's masked guesses must hold.
+TEXT = "milmilmilmilmi"
+GRAMMAR = "start: /[lyc][bycnh][a-z]+/"
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +82,10 @@ def guesser(name: str, draft: Model):
 @pytest.mark.parametrize("name", ["draft", "lookup"])
 def test_constrained_answers_are_the_constrained_targets(models, grammar, joint, name):
     target, draft = models
-    assert len(joint) == 12, joint
+    assert len(joint) == 27, joint
     n = answers_for(TV, len(joint), ALPHA)
     out = sample_answers(target, guesser(name, draft), prompt_of(target), n, SAMPLING, 3, 2, constraint=grammar)
-    assert out.rejected > n // 10 and out.accepted > n // 10, out  # both branches of the rule, often
+    assert out.rejected > n // 50 and out.accepted > n // 10, out  # both branches of the rule
     assert sampled_against(joint, out.answers) > ALPHA
 
 
