@@ -2,7 +2,7 @@
 makes no calls or the bound on rounds is reached.
 
 It is a pure function of what it is given: a function that answers a conversation (streaming events, the last
-of which carries `tool_calls`: the engine's Done, or any object with that attribute), a function that runs one
+of which ends it with its `reason` and `calls`: the engine's Done, or any object with those attributes), a function that runs one
 call (McpClient.call, or a fake), and a function that asks the user about each call. So the app, `specchat
 generate --tools` and the tests run the same loop over a real model, a server, or a script.
 
@@ -60,28 +60,29 @@ def assistant_message(done: Any) -> Message:
     and its calls."""
     content = getattr(done, "content", None)
     return Message("assistant", content if content is not None else getattr(done, "text", ""),
-                   thinking=getattr(done, "thinking", "") or "", tool_calls=tuple(done.tool_calls))
+                   thinking=getattr(done, "thinking", "") or "", tool_calls=tuple(done.calls))
 
 
-def agent_loop(answer: Callable[[Sequence[Message]], Iterable[Any]], messages: Sequence[Message],
+def agent_loop(answer: Callable[[Sequence[Message], bool], Iterable[Any]], messages: Sequence[Message],
                run: Callable[[str, str], ToolResult], confirm: Callable[[ToolCall], Choice], max_rounds: int,
                always: MutableSet[str] | None = None,
                message_of: Callable[[Any], Message] = assistant_message) -> Iterator[Any]:
     """Yield each answer's events as they come, and the loop's own (Added, ToolRan, RoundsSpent) between them.
 
-    `answer(messages)` answers the conversation so far; `run(name, arguments)` runs one call; `confirm(call)`
-    asks the user, unless the tool's name is in `always` (which a Choice.ALWAYS adds to: pass the
+    `answer(messages, tools)` answers the conversation so far, with the tools offered or (`tools` false: the bound
+    is reached) without them, so that the last answer is one in words; `run(name, arguments)` runs one call;
+    `confirm(call)` asks the user, unless the tool's name is in `always` (which a Choice.ALWAYS adds to: pass the
     conversation's own set to keep it between turns). At most `max_rounds` rounds of calls run; 0 runs none.
-    An answer that ends with no event carrying `tool_calls`, or that was cancelled (`reason == "cancelled"`),
+    An answer that ends with no such event, or that was cancelled (`reason == "cancelled"`),
     ends the loop with its calls not run and nothing added."""
     allowed = always if always is not None else set()
     conversation = list(messages)
     rounds = 0
     while True:
         final = None
-        for event in answer(list(conversation)):
+        for event in answer(list(conversation), rounds < max_rounds):
             yield event
-            if hasattr(event, "tool_calls"):
+            if hasattr(event, "reason") and hasattr(event, "calls"):  # the answer's end (a Step has no reason)
                 final = event
         if final is None or getattr(final, "reason", "") == "cancelled":
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from specchat.decoding.calibrate import OtherLoad
@@ -89,7 +90,7 @@ class ChatService:
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
              cancel: threading.Event | None = None, variables: Mapping[str, Any] | None = None,
              tools: Sequence[dict[str, Any]] | None = None,
-             tool_choice: str | Mapping[str, Any] | None = None) -> Iterator[ChatEvent]:
+             tool_choice: str | Mapping[str, Any] | None = None, parallel_tool_calls: bool = True) -> Iterator[ChatEvent]:
         """Answer the conversation's last message. What the cache holds of the conversation so far is
         reused; a conversation too long for the context loses its oldest turns, and a Notice says so.
         A reasoning model's thinking comes apart from its answer (`specchat.service.thinking`). `variables`
@@ -103,8 +104,8 @@ class ChatService:
         check_tools(tools, tool_choice)
         tools = schemas(tools)
         fmt = self.tool_format() if tools and tool_choice != "none" else None
-        # The grammar that makes a required call (None until app/decoding builds one: see tool_constraint).
-        constraint = tool_constraint(tools, tool_choice, fmt) if fmt is not None else None
+        if fmt is not None:  # a required or named call: a grammar over the target's distribution makes it
+            config = replace(config, constraint=tool_constraint(tools, tool_choice, fmt, self.target, parallel_tool_calls))
         prompt, dropped = self.fit(messages, config.max_tokens, variables, tools)
         if dropped:
             yield Notice(f"the conversation is longer than the {self.n_ctx}-token context: "
@@ -116,7 +117,7 @@ class ChatService:
         if fmt is not None:
             # Harmony's calls are messages the thinking split would take for thought: they come out first.
             splits.insert(0 if fmt.harmony else 1, ToolSplit(fmt))
-        for engine_event in self._generate(prompt, config, guesser, cancel, self.prompter.continued, constraint):
+        for engine_event in self._generate(prompt, config, guesser, cancel, self.prompter.continued):
             for event in _through(splits, engine_event):
                 if isinstance(event, Done):
                     self.prompter.remember(event.token_ids)
@@ -173,8 +174,7 @@ class ChatService:
         return prompt, dropped
 
     def _generate(self, prompt: list[int], config: GenerationConfig, guesser: str,
-                  cancel: threading.Event | None, continued: bool, constraint: Any = None) -> Iterator[ChatEvent]:
-        # `constraint` (tool_constraint's, None for now) is for the engine once it takes one: a required call.
+                  cancel: threading.Event | None, continued: bool) -> Iterator[ChatEvent]:
         self.engine.guesser = self._guesser(guesser, continued)
         self.last_prompt = prompt
         turns = machine_turns()

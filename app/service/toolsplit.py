@@ -104,10 +104,16 @@ def schemas(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def tool_constraint(tools: Sequence[Mapping[str, Any]], choice: str | Mapping[str, Any] | None,
-                    fmt: ToolFormat) -> Any:
-    """What the engine is given to make the answer a call where `choice` asks for one ("required": a call to any
-    of `tools`; a named function: a call to it), written in `fmt`; None where the answer is free ("auto").
+                    fmt: ToolFormat, model: Any, parallel: bool = True) -> Any:
+    """The grammar that makes the answer a call where `choice` asks for one ("required": a call to any of `tools`,
+    several in a row if `parallel`; a named function: a call to it), written in `fmt`, over `model`'s vocabulary
+    (`specchat.decoding.toolgrammar`); None where the answer is free ("auto", or no choice). What cannot be
+    enforced is a one-line SpecchatError."""
+    name = choice if choice == "required" else (choice.get("function") or {}).get("name") \
+        if isinstance(choice, Mapping) else None
+    if name is None:
+        return None
+    from specchat.decoding.toolgrammar import tool_constraint as grammar  # llguidance, only when a call is forced
 
-    The hook for the grammar that enforces tool_choice (a `Constraint` over the target's distribution, built in
-    `specchat.decoding`): until it lands this returns None, and a required call is asked for, not enforced."""
-    return None
+    model.show([*fmt.markers, fmt.end])  # the grammar's markers as text, where they are special tokens
+    return grammar(tools, name, fmt, model, parallel)

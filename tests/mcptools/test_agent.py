@@ -14,7 +14,7 @@ class Done:
     """What the engine's Done will carry: the answer's text and its calls."""
 
     text: str
-    tool_calls: tuple[ToolCall, ...] = ()
+    calls: tuple[ToolCall, ...] = ()
     reason: str = "eog"
 
 
@@ -24,9 +24,11 @@ class Script:
 
     replies: list[Done]
     asked: list[list[Message]] = field(default_factory=list)
+    offered: list[bool] = field(default_factory=list)  # whether each answer was given the tools
 
-    def __call__(self, messages):
+    def __call__(self, messages, tools):
         self.asked.append(list(messages))
+        self.offered.append(tools)
         reply = self.replies[min(len(self.asked), len(self.replies)) - 1]
         yield f"text of answer {len(self.asked)}"
         yield reply
@@ -89,6 +91,7 @@ def test_the_bound_on_rounds_ends_the_loop_and_every_call_still_gets_a_tool_mess
     script, tools = Script([Done("", (call(1),))]), Tools()  # it never stops calling
     events = list(agent_loop(script, USER, tools, lambda c: Choice.ONCE, max_rounds=2))
     assert len(tools.ran) == 2 and len(script.asked) == 3
+    assert script.offered == [True, True, False]  # the last answer is asked without the tools
     assert events[-1] == RoundsSpent(2)
     assert added(events)[-1] == Message("tool", "not run: the answer reached the bound of 2 rounds of tool calls",
                                         tool_call_id="call_1")
@@ -101,7 +104,7 @@ def test_a_cancelled_answer_runs_none_of_its_calls():
 
 
 def test_an_answer_with_no_final_event_ends_the_loop():
-    def broken(messages):
+    def broken(messages, tools):
         yield "some text"
 
     assert list(agent_loop(broken, USER, Tools(), lambda c: Choice.ONCE, 4)) == ["some text"]

@@ -152,12 +152,20 @@ def test_tool_choice_none_renders_the_tools_but_reads_no_calls(fake):
     assert "<tools>" in fake.prompt()
 
 
-def test_required_and_named_choices_are_taken_and_answered(fake):
-    # Not enforced yet (the grammar comes from app/decoding): taken, and a call the model makes comes back.
+def test_required_and_named_choices_reach_the_grammar_and_are_answered(fake, monkeypatch):
+    # The grammar itself runs on real vocabularies (tests/decoding/test_constraint_real.py): here, what the server
+    # asks of it, and that the call the model makes comes back.
+    import specchat.service.chat as chat
+
+    asked = []
+    monkeypatch.setattr(chat, "tool_constraint", lambda tools, choice, fmt, model, parallel: asked.append(
+        ([t["function"]["name"] for t in tools], choice, fmt.name, parallel)))
     named = {"type": "function", "function": {"name": "get_weather"}}
-    for choice in ("required", named):
-        r = fake.ask(CALL, tools=[WEATHER], tool_choice=choice).choices[0]
+    for choice, parallel in (("required", None), (named, False)):
+        r = fake.ask(CALL, tools=[WEATHER], tool_choice=choice,
+                     **({} if parallel is None else {"parallel_tool_calls": parallel})).choices[0]
         assert r.finish_reason == "tool_calls" and r.message.tool_calls[0].function.name == "get_weather"
+    assert asked == [(["get_weather"], "required", "hermes", True), (["get_weather"], named, "hermes", False)]
 
 
 # --- results back ------------------------------------------------------------------------------------
