@@ -71,6 +71,16 @@ def _parser() -> tuple[argparse.ArgumentParser, list[str]]:
     g.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
                    help="a reasoning model thinks first, or not, where its template has a switch (default: "
                         "the thinking setting); the thinking goes to stderr, the answer to stdout")
+    g.add_argument("--tools", action="store_true",
+                   help="the model may call the tools of the MCP servers in config.toml (docs/tools.md); each call is "
+                        "asked for on the terminal, and printed with its result's size on stderr")
+    g.add_argument("--allow-tools", action="store_true", help="with --tools: run every call without asking")
+    g.add_argument("--tool-choice", default="auto", metavar="CHOICE",
+                   help="with --tools, for the first answer: auto (the model decides), required (a call, made so by a "
+                        "grammar), none, or a tool's name (a call to it); later answers are auto (default: auto)")
+    g.add_argument("--tool-rounds", type=int, default=8, metavar="N",
+                   help="with --tools: the most rounds of calls one answer may make, after which it answers without "
+                        "the tools (default: 8)")
     _model_args(g)
     _sampling_args(g)
     g.set_defaults(run=_generate)
@@ -290,14 +300,12 @@ def _chat(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from specchat.decoding.events import Done, Step
     from specchat.llama.template import Message
-    from specchat.service.conversation import against_plain
-    from specchat.service.events import Notice
     from specchat.service.local import open_local
 
     settings = _settings()
     config = _generation_config(args, settings)
+    tools = _tools(args) if args.tools else None  # a missing extra or no server configured: said before loading
 
     def warn(line: str) -> None:
         print(f"specchat: warning: {line}", file=sys.stderr)
@@ -308,39 +316,89 @@ def _generate(args: argparse.Namespace) -> int:
     guesser, instead = choices.guesser(args.guesser, settings, service.guessers)
     if instead is not None:
         warn(instead)
+    printer = _AnswerPrinter(guesser)
     if args.raw:
-        events = service.complete(args.prompt, config, guesser)
-    else:
-        system = choices.system_prompt(args.system, settings)
-        messages = ([Message("system", system)] if system else []) + [Message("user", args.prompt)]
-        think, instead = choices.thinking(args.think, settings, service.thinking_switch)
-        if instead is not None:
-            warn(instead)
-        events = service.chat(messages, config, guesser, variables=service.template_variables(think))
-    thinking = False  # the thinking goes to stderr, so that stdout holds the answer alone
-    for event in events:
+        printer.print_all(service.complete(args.prompt, config, guesser))
+        return 0
+    system = choices.system_prompt(args.system, settings)
+    messages = ([Message("system", system)] if system else []) + [Message("user", args.prompt)]
+    think, instead = choices.thinking(args.think, settings, service.thinking_switch)
+    if instead is not None:
+        warn(instead)
+    variables = service.template_variables(think)
+    if tools is None:
+        printer.print_all(service.chat(messages, config, guesser, variables=variables))
+        return 0
+    from specchat.mcptools.agent import Choice, agent_loop
+
+    with tools:
+        for line in tools.start():
+            warn(line)
+        schemas = tools.client.tools()
+        rounds = 0
+
+        def answer(conversation: list[Message], offered: bool) -> Any:
+            nonlocal rounds  # the choice is the first answer's: a forced call every round would never end
+            rounds += 1
+            if not offered:  # the bound is reached: the answer is in words
+                return service.chat(conversation, config, guesser, variables=variables)
+            choice = _tool_choice(args.tool_choice) if rounds == 1 else "auto"
+            return service.chat(conversation, config, guesser, variables=variables, tools=schemas, tool_choice=choice)
+
+        printer.print_all(agent_loop(
+            answer, messages, tools.client.call, (lambda _call: Choice.ONCE) if args.allow_tools else _ask_on_terminal,
+            args.tool_rounds))
+    return 0
+
+
+class _AnswerPrinter:
+    """One answer's events on the terminal: the answer on stdout, and on stderr its thinking, notices, tool
+    calls and figures, so that stdout holds the answer alone."""
+
+    def __init__(self, guesser: str) -> None:
+        self.guesser = guesser
+        self.thinking = False  # the last thing written was thinking
+
+    def print_all(self, events: Any) -> None:
+        for event in events:
+            self(event)
+
+    def __call__(self, event: Any) -> None:
+        from specchat.decoding.events import Done, Step
+        from specchat.mcptools.agent import RoundsSpent, ToolRan
+        from specchat.service.conversation import against_plain
+        from specchat.service.events import Notice
+
         if isinstance(event, Step) and event.thinking:
-            if not thinking:
+            if not self.thinking:
                 print("thinking:", file=sys.stderr)
             sys.stderr.write(event.thinking)
             sys.stderr.flush()
-            thinking = True
+            self.thinking = True
         if isinstance(event, Step) and event.text:
-            if thinking:
-                print("\n", file=sys.stderr)
-                thinking = False
+            self._end_thinking()
             sys.stdout.write(event.text)
             sys.stdout.flush()
         elif isinstance(event, Notice):
-            print(f"{chr(10) if thinking else ''}specchat: {event.text}", file=sys.stderr)
-            thinking = False
+            self._end_thinking()
+            print(f"specchat: {event.text}", file=sys.stderr)
+        elif isinstance(event, ToolRan):
+            self._end_thinking()
+            result = event.result
+            what = "refused" if event.refused else f"failed: {result.text}" if result.error else \
+                f"{len(result.text.encode())} bytes" + (f" ({result.cut} cut)" if result.cut else "")
+            print(f"specchat: tool {event.call.name}({event.call.arguments}) -> {what}", file=sys.stderr)
+        elif isinstance(event, RoundsSpent):
+            print(f"specchat: the answer stopped after {event.rounds} rounds of tool calls (--tool-rounds)",
+                  file=sys.stderr)
         elif isinstance(event, Done):
+            self._end_thinking()
             if event.text and not event.text.endswith("\n"):
                 sys.stdout.write("\n")
             s = event.stats
             speedup = against_plain(event)
             speedup = f", {speedup}" if speedup else ""
-            print(f"[{guesser}] {s.n_tokens} tokens in {s.decode_s:.2f}s: {s.tokens_per_s:.1f} tok/s "
+            print(f"[{self.guesser}] {s.n_tokens} tokens in {s.decode_s:.2f}s: {s.tokens_per_s:.1f} tok/s "
                   f"({s.wall_tokens_per_s:.1f} as shown), "
                   f"{s.tokens_per_step:.2f} tokens/step, acceptance {s.acceptance:.2f} "
                   f"({s.accepted}/{s.drafted}){speedup}, prompt {s.n_prompt} tokens in {s.prefill_s:.2f}s, "
@@ -348,7 +406,68 @@ def _generate(args: argparse.Namespace) -> int:
             if event.thinking_tokens:
                 print(f"[thinking] {event.thinking_tokens} of the tokens in {event.thinking_s:.2f}s: "
                       f"{event.thinking_tokens_per_s:.1f} tok/s", file=sys.stderr)
-    return 0
+
+    def _end_thinking(self) -> None:
+        if self.thinking:
+            print("\n", file=sys.stderr)
+            self.thinking = False
+
+
+class _Tools:
+    """The configured MCP servers for `generate --tools`: started when entered, stopped when left."""
+
+    def __init__(self, config: Any) -> None:
+        from specchat.mcptools.client import McpClient
+
+        self.config, self.client = config, McpClient(config.timeout_s)
+
+    def start(self) -> list[str]:
+        """Each configured server started; a line for every problem (an entry left out, a server that did not start)."""
+        return [*self.config.problems, *self.client.start(self.config.servers)]
+
+    def __enter__(self) -> _Tools:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.client.close()
+
+
+def _tools(args: argparse.Namespace) -> _Tools:
+    from specchat.mcptools.config import load_config
+    from specchat.service.settings import default_config_path
+
+    if args.tool_rounds < 0:
+        raise SpecchatError(f"--tool-rounds must be 0 or more, got {args.tool_rounds}")
+    if not args.allow_tools and not sys.stdin.isatty():
+        raise SpecchatError("--tools asks before each call, and stdin is not a terminal: add --allow-tools to run "
+                            "the model's calls without asking")
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        raise SpecchatError("--tools needs the MCP SDK: pip install 'specchat[tools]'") from None
+    config = load_config()
+    if not config.servers:
+        for problem in config.problems:
+            print(f"specchat: warning: {problem}", file=sys.stderr)
+        raise SpecchatError(f"--tools found no MCP server in {default_config_path()}: add one as [mcp.servers.NAME] with "
+                            "command and args, or url (docs/tools.md)")
+    return _Tools(config)
+
+
+def _tool_choice(given: str) -> str | dict[str, Any]:
+    """--tool-choice as the API writes it: a tool's name is a named function."""
+    return given if given in ("auto", "required", "none") else {"type": "function", "function": {"name": given}}
+
+
+def _ask_on_terminal(call: Any) -> Any:
+    """Asks on the terminal whether to run one call: yes, always for this tool, or no (the default)."""
+    from specchat.mcptools.agent import Choice
+
+    sys.stderr.write(f"specchat: the model calls {call.name}({call.arguments}); run it? [y]es, [a]lways for this "
+                     "tool, [N]o: ")
+    sys.stderr.flush()
+    reply = sys.stdin.readline().strip().lower()
+    return {"y": Choice.ONCE, "yes": Choice.ONCE, "a": Choice.ALWAYS, "always": Choice.ALWAYS}.get(reply, Choice.REFUSE)
 
 
 def _prompt(args: argparse.Namespace) -> int:

@@ -20,16 +20,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from specchat.decoding.engine import Engine, GenerationConfig, final
 from specchat.decoding.events import Stats
 from specchat.decoding.guessers import Guesser, NoGuesser
+from specchat.decoding.sampling import masked
 from specchat.llama.model import Model
 from specchat.llama.session import is_chain
 from specchat.tools.ties import CEILING, Parting, batchings, decode_as, parting
+
+if TYPE_CHECKING:
+    from specchat.decoding.constraint import Constraint
 
 
 class RecordingEngine(Engine):
@@ -42,10 +46,12 @@ class RecordingEngine(Engine):
     elsewhere: int = 0  # ... and kept a path that is not the first branch's (seq 0's)
     partial: int = 0  # steps that kept some of their guesses, not all
 
-    def _verify(self, pending, tree, sampling, rng):
+    def _verify(self, pending, tree, sampling, rng, matcher=None):
         first = len(self.target.session.tokens) + 1 - self.n_prompt  # generated position of row 0
-        path, token = super()._verify(pending, tree, sampling, rng)
+        path, token = super()._verify(pending, tree, sampling, rng, matcher)
         logits = self.target.session.last_logits(len(tree.tokens) + 1)
+        if matcher is not None:  # what the run chose from: the rows as the grammar masked them (finite, to compare)
+            logits = np.where(masked(logits, matcher.masks(tree)) > -np.inf, logits, -1e30)
         for j, row in enumerate([0, *(n + 1 for n in path)]):  # the root's row, then each kept node's
             self.rows[first + j] = np.array(logits[row])
         if not is_chain(tree.parents):  # branches: verified as a tree
@@ -72,7 +78,7 @@ def plain_run(engine: RecordingEngine, path: Path, prompt: list[int],
     model = (str(path), engine.target.n_ctx)
     if any(key[:2] != model for key in _plain):
         _plain.clear()
-    key = (*model, tuple(prompt), config.max_tokens)
+    key = (*model, tuple(prompt), config.max_tokens, id(config.constraint))
     if key not in _plain:
         _plain[key] = engine.run(prompt, config), engine.rows
     return _plain[key]
@@ -123,7 +129,7 @@ def row_noise(path: Path, prompt: tuple[int, ...], answer: tuple[int, ...], n_ct
 
 
 def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], Guesser], n: int,
-            draft_length: int | None = None, check_rows: bool = True) -> Comparison:
+            draft_length: int | None = None, check_rows: bool = True, constraint: Constraint | None = None) -> Comparison:
     """Every one of n tokens, equal or a near-tie, and (`check_rows`) every row the speculative run chose from
     equal to plain decoding's within the batch noise. After a near-tie both runs go on from the
     speculative choice, so that one flip does not end the comparison; no more flips than plain
@@ -132,13 +138,17 @@ def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], 
     `check_rows=False` where a fresh measurement cannot bound the noise: the default pair's rows move by 0.5
     to 0.7 logits between batched and single evaluation here, and its speculative runs' rows moved up
     to a tenth more than any of five batch schedules on a fresh model (0.56-0.73 against 0.53-0.68,
-    2026-12-03), since each row also carries the rounding of the batches its cache was written in."""
+    2026-12-03), since each row also carries the rounding of the batches its cache was written in.
+
+    Under a `constraint` both runs follow the grammar, and the rows are as it masked them. A near-tie ends the
+    comparison there: the grammar starts at the answer's start, so the runs cannot go on from the speculative
+    choice as a new prompt (and n need not be reached)."""
     answer: list[int] = []  # agreed so far (through the near-ties, the speculative choice)
     c = Comparison()
     plain, spec = RecordingEngine(target, NoGuesser()), RecordingEngine(target)
     threads = None if target.fitted else target.n_threads  # fresh models fitted as the target is (same logits)
     while len(answer) < n:
-        config = GenerationConfig(max_tokens=n - len(answer), draft_length=draft_length)
+        config = GenerationConfig(max_tokens=n - len(answer), draft_length=draft_length, constraint=constraint)
         spec.guesser = guesser()
         (plain_ids, plain_rows), spec_ids = plain_run(plain, path, prompt + answer, config), spec.run(prompt + answer, config)
         i = next((i for i, (a, b) in enumerate(zip(spec_ids, plain_ids)) if a != b), None)
@@ -171,6 +181,11 @@ def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], 
                                            f"answer had {c.near_ties} near-ties so far: " + found.report())
         c.ties.append(found)
         answer = list((answer + list(spec_ids))[:found.position + 1])
+        if constraint is not None:
+            return c
+    if constraint is not None:  # the grammar's end may come before n
+        assert len(spec_ids) == len(plain_ids), "the engine is wrong: one run ended where the other went on"
+        return c
     assert len(answer) == n and len(set(answer)) >= n // 4, \
         f"a degenerate answer: {len(answer)} tokens, {len(set(answer))} distinct"
     return c

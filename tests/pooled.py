@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import brentq
@@ -15,6 +16,9 @@ from specchat.decoding.engine import Engine, GenerationConfig, final
 from specchat.decoding.guessers import Guesser
 from specchat.decoding.sampling import SamplingConfig, logits_to_probs
 from specchat.llama.model import Model
+
+if TYPE_CHECKING:
+    from specchat.decoding.constraint import Constraint
 
 
 def chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
@@ -105,11 +109,12 @@ class Sampled:
 
 
 def sample_answers(model: Model, guesser: Guesser, prompt: list[int], n: int, sampling: SamplingConfig,
-                   max_tokens: int, draft_length: int) -> Sampled:
-    """n answers of at most max_tokens tokens, the i-th under seed i."""
+                   max_tokens: int, draft_length: int, constraint: Constraint | None = None) -> Sampled:
+    """n answers of at most max_tokens tokens, the i-th under seed i (under `constraint`'s grammar, if given)."""
     out = Sampled()
     for seed in range(n):
-        config = GenerationConfig(replace(sampling, seed=seed), max_tokens=max_tokens, draft_length=draft_length)
+        config = GenerationConfig(replace(sampling, seed=seed), max_tokens=max_tokens, draft_length=draft_length,
+                                  constraint=constraint)
         done = final(Engine(model, guesser).generate(prompt, config))
         out.answers.append(done.token_ids)
         out.rejected += done.stats.rejections

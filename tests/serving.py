@@ -108,3 +108,32 @@ def serving(*args: str, env: dict[str, str] | None = None, models: tuple[str, ..
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
+
+
+@contextmanager
+def in_thread(service: Any, model_id: str = "fake") -> Iterator[Server]:
+    """The real server stack (routes, worker thread, uvicorn) over a conversation service this process holds,
+    as `specchat serve` runs it, on a free loopback port: for tests over fake models, which read what the
+    service saw (`service.last_prompt`). No API key."""
+    import uvicorn
+
+    from specchat.server.app import create_app
+    from specchat.server.run import bind
+    from specchat.server.worker import Worker
+
+    worker = Worker(max_waiting=2)
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(service, model_id, worker), log_level="critical"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the in-thread server did not start"
+            time.sleep(0.02)
+        yield Server(None, sock.getsockname()[1], [])  # type: ignore[arg-type]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        assert worker.stop(timeout=30)
+        sock.close()

@@ -28,11 +28,13 @@ ALLOWED = {
     "store": set(),
     "models": {"store", "llama"},  # model management reads tokenizers without weights
     "service": {"llama", "decoding", "models", "store"},
-    "ui": {"llama", "decoding", "models", "store", "service"},
+    "ui": {"llama", "decoding", "models", "store", "service", "mcptools"},
     "server": {"llama", "decoding", "models", "store", "service"},  # specchat serve: beside the UI, never using it
-    "tools": {"llama", "decoding", "models", "store", "service", "ui", "server"},
+    "tools": {"llama", "decoding", "models", "store", "service", "ui", "server", "mcptools"},
+    # MCP servers' tools: configured in the settings' file, called for the UI and `generate --tools`.
+    "mcptools": {"llama", "store", "service"},
 }
-NO_TEXTUAL = {"llama", "decoding", "models", "store", "service", "server"}
+NO_TEXTUAL = {"llama", "decoding", "models", "store", "service", "server", "mcptools"}
 TOP_LEVEL = {"__init__", "__main__", "cli", "errors"}  # the only modules outside a layer
 
 

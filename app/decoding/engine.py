@@ -15,12 +15,13 @@ import numpy as np
 
 from specchat.decoding.events import Done, Event, Prefill, Source, Stats, Step, Token
 from specchat.decoding.guessers import Guesser, NoGuesser, Proposal
-from specchat.decoding.sampling import SamplingConfig, logits_to_probs
+from specchat.decoding.sampling import SamplingConfig
 from specchat.decoding.textstream import TextStream
-from specchat.decoding.verify import Tree, verify_tree, verify_tree_greedy
+from specchat.decoding.verify import Tree, verify_logits
 from specchat.errors import ContextFull, SpecchatError
 
 if TYPE_CHECKING:  # the engine drives a loaded Model; importing it must not load llama.cpp
+    from specchat.decoding.constraint import Constraint, Matcher  # (nor llguidance, unless one is given)
     from specchat.llama.model import Model
 
 
@@ -30,6 +31,9 @@ class GenerationConfig:
     max_tokens: int = 512
     draft_length: int | None = None  # the most tokens a guesser may propose; None: its default
     stop: tuple[str, ...] = ()
+    # A grammar the answer must follow (`decoding.constraint`, `decoding.toolgrammar`): the target's rule
+    # samples from its distribution masked to what the grammar allows. None: unconstrained.
+    constraint: Constraint | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,14 @@ class Engine:
         # The last prompt token stays pending: the first step evaluates it with the guesses.
         cached = session.prefill(prompt)
         self.guesser.prepare(prompt)
+        # One matcher per generation, following the answer's committed tokens: a generation cancelled between
+        # steps leaves nothing behind in it, and the next starts from the grammar's start.
+        matcher = config.constraint.start() if config.constraint is not None else None
+        # Drafters that sample under the grammar make guesses that hold; set for every generation, so that none
+        # drafts under an earlier one's. (Guessers without it draft as they would: the rule stays exact.)
+        constrain = getattr(self.guesser, "constrain", None)
+        if constrain is not None:
+            constrain(None if matcher is None else matcher.after)
         stats = Stats(n_prompt=len(prompt), cached=cached, prefill_s=time.perf_counter() - t0)
         yield Prefill(len(prompt), cached, stats.prefill_s)
 
@@ -90,8 +102,10 @@ class Engine:
                 reason = "context_full"
                 break
             k = max(0, min(k_max, config.max_tokens - len(generated) - 1, room - 1))
-            r = self._step(context, k, sampling, rng)
+            r = self._step(context, k, sampling, rng, matcher)
             new = [*r.kept, r.token]
+            if matcher is not None:  # the answer so far, as the cache holds it; an end token ends it
+                matcher.consume(new[:next((i for i, t in enumerate(new) if self.target.is_eog(t)), len(new))])
             last = Source.PLAIN if not r.proposal.tokens else Source.BONUS if r.bonus else Source.CORRECTION
             sources = [Source.DRAFT] * len(r.kept) + [last]
             tokens, released = [], []
@@ -122,7 +136,8 @@ class Engine:
         answer.append(text.flush())
         yield Done(reason, "".join(answer), tuple(generated), replace(stats, wall_s=time.perf_counter() - t_decode))
 
-    def _step(self, context: list[int], k: int, sampling: SamplingConfig, rng: np.random.Generator) -> Round:
+    def _step(self, context: list[int], k: int, sampling: SamplingConfig, rng: np.random.Generator,
+              matcher: Matcher | None = None) -> Round:
         """One target step, as the algorithm reads: the guesser proposes up to k tokens (a chain is a tree
         of one branch); the target scores the pending token and every guess in one batch; the rule keeps a
         path of the guesses and adds one token of its own; the cache keeps exactly the context plus the
@@ -131,12 +146,14 @@ class Engine:
         session = self.target.session
         t_draft = time.perf_counter()
         proposal = self.guesser.propose(context, k, sampling, rng)
+        if matcher is not None:
+            proposal = fitted(proposal, matcher)
         tree = proposal.tree or Tree.chain(proposal.tokens, proposal.probs)  # a chain is a one-branch tree
         t_verify = time.perf_counter()
         if tree.tokens:
             session.checkpoint(reach=len(tree.tokens))
         t_checked = time.perf_counter()
-        path, token = self._verify(context[-1], tree, sampling, rng)
+        path, token = self._verify(context[-1], tree, sampling, rng, matcher)
         t_verified = time.perf_counter()
         session.keep(path)  # the pending token and the path taken; every other guess goes
         t_end = time.perf_counter()
@@ -145,12 +162,13 @@ class Engine:
         return Round(proposal, kept, token, bonus, draft_s=t_verify - t_draft, verify_s=t_end - t_verify,
                      rollback_s=(t_checked - t_verify) + (t_end - t_verified))
 
-    def _verify(self, pending: int, tree: Tree, sampling: SamplingConfig,
-                rng: np.random.Generator) -> tuple[tuple[int, ...], int]:
-        """The target scores the pending token and every guess in one batch; the rule keeps a path."""
+    def _verify(self, pending: int, tree: Tree, sampling: SamplingConfig, rng: np.random.Generator,
+                matcher: Matcher | None = None) -> tuple[tuple[int, ...], int]:
+        """The target scores the pending token and every guess in one batch; the rule keeps a path. Under a
+        constraint every row is the target's masked to what the grammar allows after that row's path, before
+        the rule reads it: the rule is then exact for the constrained target."""
         logits = self.target.session.decode_guesses(pending, tree.tokens, tree.parents)  # (nodes + 1, V)
-        v = verify_tree_greedy(tree, logits.argmax(-1)) if sampling.greedy else \
-            verify_tree(tree, logits_to_probs(logits, sampling), rng)
+        v = verify_logits(tree, logits, sampling, rng, None if matcher is None else matcher.masks(tree))
         return v.path, v.token
 
 
@@ -163,3 +181,34 @@ def final(events: Iterable[Event]) -> Done:
     if done is None:
         raise RuntimeError("the generation ended without a Done event")
     return done
+
+
+def fitted(proposal: Proposal, matcher: Matcher) -> Proposal:
+    """A proposal without the deterministic guesses the grammar refuses: a copied chain cut at its first refused
+    token, a tree's copied nodes that are refused dropped with what follows them. The target gives such a guess
+    probability 0, so the rule would reject it with certainty and draw from the target as if it had not been
+    made: leaving it out changes nothing but the positions verified. A *sampled* guess stays (cutting it
+    would change which draws the rule sees, and with them the residual it samples from: not exact); the
+    masked target rejects it."""
+    if proposal.tree is not None:
+        tree = proposal.tree
+        keep: list[int] = []
+        index: dict[int, int] = {-1: -1}
+        for i, (token, parent, q) in enumerate(zip(tree.tokens, tree.parents, tree.drafts)):
+            if parent not in index:
+                continue
+            if q is None:
+                path = [tree.tokens[n] for n in tree.path(i)]
+                if matcher.valid_prefix(path) < len(path):
+                    continue
+            index[i] = len(keep)
+            keep.append(i)
+        if len(keep) == len(tree.tokens):
+            return proposal
+        pruned = Tree(tuple(tree.tokens[i] for i in keep), tuple(index[tree.parents[i]] for i in keep),
+                      tuple(tree.drafts[i] for i in keep))
+        return replace(proposal, tokens=list(pruned.tokens), tree=pruned)
+    if proposal.probs is not None or not proposal.tokens:
+        return proposal
+    n = matcher.valid_prefix(proposal.tokens)
+    return proposal if n == len(proposal.tokens) else replace(proposal, tokens=proposal.tokens[:n])

@@ -11,6 +11,8 @@ import functools
 from dataclasses import astuple, dataclass
 from typing import Iterable, Union
 
+from specchat.llama.template import ToolCall
+
 
 class Source(enum.Enum):
     """Where an emitted token came from."""
@@ -60,6 +62,9 @@ class Step:
     # A reasoning model's thinking among the released text: the conversation service splits it out, and
     # `text` is then the answer's part alone.
     thinking: str = ""
+    # The tool calls this step finished, where the answer was asked with tools: the conversation service
+    # splits them out of the text, which keeps what is not a call.
+    calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ BUSY_CONTENTION = 0.25  # or other programs took this many of the cores llama.cp
 
 @dataclass(frozen=True)
 class Done:
-    reason: str  # "eog", "max_tokens", "stop", "cancelled", "context_full"
+    reason: str  # "eog", "max_tokens", "stop", "cancelled", "context_full"; "tool_calls": it ended after calls
     text: str  # the whole answer
     token_ids: tuple[int, ...]  # every generated token, the end-of-generation token included
     stats: Stats
@@ -164,6 +169,8 @@ class Done:
     thinking: str = ""
     thinking_tokens: int = 0
     thinking_s: float = 0.0
+    # The answer's tool calls, split out of `text` by the conversation service (asked with tools).
+    calls: tuple[ToolCall, ...] = ()
 
     @property
     def thinking_tokens_per_s(self) -> float:

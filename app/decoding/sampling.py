@@ -67,6 +67,22 @@ def logits_to_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
         return _softmax(np.where(keep, shifted / cfg.temperature, -np.inf))
 
 
+def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """Logits (..., V) with what a grammar forbids at -inf, before any sampling transform: the filters and the
+    temperature then act among the allowed tokens, so their probabilities are the target's renormalised over
+    what is allowed (and greedy is the argmax among them). `allowed` (..., W) may be narrower than the
+    logits (a vocabulary's padding) or wider (tokens this model has not): beyond its width nothing is allowed."""
+    logits = np.asarray(logits, dtype=np.float64)
+    width = logits.shape[-1]
+    allow = np.zeros(logits.shape, dtype=bool)
+    n = min(width, allowed.shape[-1])
+    allow[..., :n] = allowed[..., :n]
+    if not allow.any(-1).all():
+        raise SpecchatError("the grammar allows no token at a position it reached; the constraint cannot be met "
+                            "with this vocabulary")
+    return np.where(allow, logits, -np.inf)
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One token from a probability vector (inverse CDF: one uniform draw, no Python loop)."""
     cdf = np.cumsum(probs)

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specchat.decoding.sampling import sample
+from specchat.decoding.sampling import SamplingConfig, logits_to_probs, masked, sample
 
 
 @dataclass(frozen=True)
@@ -154,3 +154,16 @@ def verify_tree_greedy(tree: Tree, target_argmax: Sequence[int]) -> TreeVerdict:
             return TreeVerdict(tuple(path), best)
         path.append(follow)
         node = follow
+
+
+def verify_logits(tree: Tree, logits: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator,
+                  allowed: np.ndarray | None = None) -> TreeVerdict:
+    """The rule on the target's logits (len(tree.tokens) + 1, V), rows as `verify_tree` reads them. Under a
+    grammar, `allowed` (same rows) is what it allows after each row's path: the target's rows are masked and
+    renormalised *before* the rule, so the rule is exact for the constrained target whatever the guesses
+    (a refused guess has probability 0 there and is rejected). Greedy: the argmax among the allowed."""
+    if allowed is not None:
+        logits = masked(logits, allowed)
+    if sampling.greedy:
+        return verify_tree_greedy(tree, np.asarray(logits).argmax(-1))
+    return verify_tree(tree, logits_to_probs(logits, sampling), rng)

@@ -5,6 +5,7 @@ The template itself is untrusted code: it renders in the sandboxed process of `r
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -16,10 +17,22 @@ if TYPE_CHECKING:  # importing this module must not load llama.cpp (the settings
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One call an answer makes: the function's name, its arguments as JSON text (as OpenAI's API carries
+    them), and the id its result's `tool` message answers to."""
+
+    name: str
+    arguments: str
+    id: str
+
+
+@dataclass(frozen=True)
 class Message:
-    role: str  # "system", "user" or "assistant"
+    role: str  # "system", "user", "assistant" or "tool"
     content: str
     thinking: str = ""  # an assistant's reasoning, kept apart from its answer
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls, after its content
+    tool_call_id: str = ""  # a tool message: the call it answers
 
 
 # The variables templates read to turn thinking on or off: Qwen3, DeepSeek, GLM and most others read
@@ -54,12 +67,15 @@ class ChatTemplate:
         return {} if think is None or self.switch is None else {self.switch: think}
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = True,
-               variables: dict[str, Any] | None = None) -> str:
+               variables: dict[str, Any] | None = None, tools: Sequence[dict[str, Any]] = ()) -> str:
+        """The prompt text. `tools` are OpenAI function schemas ({"type": "function", "function": {...}}), passed
+        as HF and llama.cpp pass them (`tools`, None when there are none, which templates test for)."""
         # The variables llama-cpp-python's Jinja2ChatFormatter passes, so templates render as they did, and
         # an answer's thinking under both names templates read it by (Qwen's and gpt-oss's).
         return self._run({**(variables or {}), "messages": [_message(m) for m in messages],
                           "add_generation_prompt": add_generation_prompt, **self._tokens,
-                          "functions": None, "function_call": None, "tools": None, "tool_choice": None})["text"]
+                          "functions": None, "function_call": None, "tools": list(tools) or None,
+                          "tool_choice": None})["text"]
 
     def _run(self, variables: dict[str, Any] | None) -> dict[str, Any]:
         reply = render({"template": self.source, "variables": variables, "limit_s": self.limit_s},
@@ -69,11 +85,25 @@ class ChatTemplate:
         return reply
 
 
-def _message(m: Message) -> dict[str, str]:
-    out = {"role": m.role, "content": m.content}
+def _message(m: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.thinking:
         out.update(reasoning_content=m.thinking, thinking=m.thinking)
+    if m.tool_calls:  # only then: templates test `"tool_calls" in message`
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name,
+                              "arguments": _arguments(c.arguments)}} for c in m.tool_calls]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
     return out
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments as templates read them: an object (they write `arguments | tojson`, as HF's
+    convention and llama.cpp's func_args_not_string have it); text that is no JSON stays text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 class ChatPrompter:
@@ -100,11 +130,13 @@ class ChatPrompter:
         self._known: list[tuple[str, list[int]]] = []  # (text, its tokens), newest last
         self.continued = False
 
-    def render(self, messages: Sequence[Message], variables: dict[str, Any] | None = None) -> str:
-        return self.template.render(messages, variables=variables)
+    def render(self, messages: Sequence[Message], variables: dict[str, Any] | None = None,
+               tools: Sequence[dict[str, Any]] = ()) -> str:
+        return self.template.render(messages, variables=variables, tools=tools)
 
-    def tokens(self, messages: Sequence[Message], variables: dict[str, Any] | None = None) -> list[int]:
-        text = self.render(messages, variables)
+    def tokens(self, messages: Sequence[Message], variables: dict[str, Any] | None = None,
+               tools: Sequence[dict[str, Any]] = ()) -> list[int]:
+        text = self.render(messages, variables, tools)
         self.continued = bool(self._known) and text.startswith(self._known[-1][0])  # the last turn goes on
         base = max((k for k in self._known if text.startswith(k[0])), key=lambda k: len(k[0]), default=None)
         if base is not None:

@@ -1,5 +1,6 @@
-"""The wire format: OpenAI's request fields as pydantic models, OpenAI-style error bodies, and the
-`usage` and llama-server `timings` objects computed from the engine's Stats.
+"""The wire format: OpenAI's request fields as pydantic models, OpenAI-style error bodies, the
+`usage` and llama-server `timings` objects computed from the engine's Stats, and tool calls as OpenAI
+writes them.
 
 Models are strict (a string is not a number, 1 is not true) and ignore fields they do not know, as
 OpenAI's clients send many optional ones.
@@ -7,17 +8,22 @@ OpenAI's clients send many optional ones.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import json
+from typing import Annotated, Any, Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from specchat.decoding.engine import GenerationConfig
 from specchat.decoding.events import Done, Stats
 from specchat.decoding.guessers import GUESSERS
 from specchat.decoding.sampling import SamplingConfig
+from specchat.errors import SpecchatError
+from specchat.llama.template import Message, ToolCall
 
 MAX_STOPS = 16  # OpenAI allows 4; llama-server any number. Each is searched for at every step.
-FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context_full": "length", "cancelled": "stop"}
+FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context_full": "length", "cancelled": "stop",
+                  "tool_calls": "tool_calls"}
 
 Probability = Annotated[float, Field(allow_inf_nan=False)]
 StopString = Annotated[str, StringConstraints(min_length=1)]
@@ -62,6 +68,15 @@ class GenerationFields(_Strict):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+def _json_text(text: str) -> str:
+    try:
+        json.loads(text)
+    except ValueError:
+        raise PydanticCustomError("json", "the arguments must be JSON text, as the answer's tool_calls gave them") \
+            from None
+    return text
+
+
 def _utf8(text: str) -> str:
     # JSON can carry a lone surrogate ("\ud800"), which no tokenizer can encode.
     try:
@@ -78,18 +93,82 @@ class TextPart(_Strict):
     _check = field_validator("text")(_utf8)
 
 
+class CalledFunction(_Strict):
+    name: Annotated[str, StringConstraints(min_length=1)]
+    # JSON text, as OpenAI sends it (llama-server also takes the object itself).
+    arguments: str | dict[str, Any]
+
+    _check = field_validator("arguments")(lambda v: _json_text(v) if isinstance(v, str) else v)
+
+    def text(self) -> str:
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments, ensure_ascii=False)
+
+
+class CallIn(_Strict):
+    """One call an earlier answer made, as a client sends it back."""
+
+    id: Annotated[str, StringConstraints(min_length=1)]
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]  # developer: OpenAI's newer name for system
-    content: str | Annotated[list[TextPart], Field(min_length=1)]
+    # developer: OpenAI's newer name for system; tool: a call's result
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None
     # An earlier answer's thinking, as llama-server and the DeepSeek API take it back: the template
     # decides whether it goes into the prompt.
     reasoning_content: str | None = None
+    tool_calls: list[CallIn] | None = None  # an earlier answer's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     _check = field_validator("content")(lambda v: _utf8(v) if isinstance(v, str) else v)
     _check_reasoning = field_validator("reasoning_content")(lambda v: _utf8(v) if isinstance(v, str) else v)
 
+    @model_validator(mode="after")
+    def _fits_role(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("tool_calls", "only an assistant message makes tool calls; give tool_calls on "
+                                      "the assistant's message")
+        if self.role == "tool" and not self.tool_call_id:
+            raise PydanticCustomError("tool_call_id", "a tool message needs tool_call_id, the id of the call it "
+                                      "answers")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise PydanticCustomError("tool_call_id", "only a tool message answers a call; tool_call_id goes on "
+                                      "role \"tool\"")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise PydanticCustomError("content", "content is missing: every message needs it but an assistant's "
+                                      "that makes tool calls")
+        return self
+
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionSchema(_Strict):
+    name: Annotated[str, StringConstraints(min_length=1)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionSchema
+
+    def schema(self) -> dict[str, Any]:
+        """As the template is given it: what OpenAI's tools carry, less what was left out."""
+        return {"type": "function", "function": self.function.model_dump(exclude_none=True)}
+
+
+class NamedFunction(_Strict):
+    name: Annotated[str, StringConstraints(min_length=1)]
+
+
+class NamedChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatRequest(GenerationFields):
@@ -98,10 +177,35 @@ class ChatRequest(GenerationFields):
     # and OpenAI's reasoning effort, which gpt-oss's template reads.
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: Literal["low", "medium", "high"] | None = None
+    # OpenAI's function tools: given to the template, and the answer's calls read back out of its text.
+    tools: list[Tool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedChoice | None = None
+    parallel_tool_calls: bool | None = None  # false: an answer's first call only
 
     def template_variables(self) -> dict[str, Any]:
         effort = {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort else {}
         return {**(self.chat_template_kwargs or {}), **effort}
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.tools or ()]
+
+    def choice(self) -> str | dict[str, Any] | None:
+        c = self.tool_choice
+        return c.model_dump() if isinstance(c, NamedChoice) else c
+
+    def conversation(self) -> list[Message]:
+        """The messages as the template is given them. A tool message must answer a call an earlier answer
+        made (a one-line SpecchatError names the one that does not)."""
+        out, called = [], set[str]()
+        for n, m in enumerate(self.messages):
+            calls = tuple(ToolCall(c.function.name, c.function.text(), c.id) for c in m.tool_calls or ())
+            called.update(c.id for c in calls)
+            if m.role == "tool" and m.tool_call_id not in called:
+                raise SpecchatError(f"messages[{n}] answers the call {m.tool_call_id!r}, which no earlier assistant "
+                                    "message made: give the id from that message's tool_calls")
+            out.append(Message("system" if m.role == "developer" else m.role, m.text(), m.reasoning_content or "",
+                               calls, m.tool_call_id or ""))
+        return out
 
 
 class CompletionRequest(GenerationFields):
@@ -147,3 +251,11 @@ def timings(done: Done) -> dict[str, Any]:
 
 def finish_reason(done: Done) -> str:
     return FINISH_REASONS[done.reason]
+
+
+def tool_calls(calls: Sequence[ToolCall], first: int = 0, stream: bool = False) -> list[dict[str, Any]]:
+    """Calls as OpenAI writes them: arguments as JSON text; in a stream each has its index among the answer's
+    calls (`first`: the index of the first of these), and comes whole in one delta."""
+    return [({"index": first + n} if stream else {}) | {"id": c.id, "type": "function",
+                                                        "function": {"name": c.name, "arguments": c.arguments}}
+            for n, c in enumerate(calls)]

@@ -14,7 +14,8 @@ import secrets
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from specchat.decoding.events import Done, Step
 from specchat.errors import ContextFull, SpecchatError
-from specchat.llama.template import Message
+from specchat.llama.template import ToolCall
 from specchat.server.api import (
     ChatRequest,
     CompletionRequest,
@@ -33,11 +34,13 @@ from specchat.server.api import (
     error_body,
     finish_reason,
     timings,
+    tool_calls,
     usage,
 )
 from specchat.server.worker import END, Busy, Failed, Worker
 from specchat.service.chat import ChatService
-from specchat.service.events import ChatEvent
+from specchat.service.events import ChatEvent, Notice
+from specchat.service.toolsplit import check_tools
 
 log = logging.getLogger("specchat.server")
 
@@ -74,13 +77,17 @@ def create_app(service: ChatService, model_id: str, worker: Worker, api_key: str
 
     @app.post("/v1/chat/completions", dependencies=authorized)
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
-        messages = [Message("system" if m.role == "developer" else m.role, m.text(), m.reasoning_content or "")
-                    for m in body.messages]
+        messages, tools, choice = body.conversation(), body.tool_schemas(), body.choice()
+        check_tools(tools, choice)  # a bad tool_choice is a 400 before the request queues
         config = body.generation_config(service.n_ctx)
+        first_only = body.parallel_tool_calls is False
 
         def work(cancel: threading.Event) -> Iterator[ChatEvent]:
             variables = service.template_variables(None, body.template_variables())
-            return service.chat(messages, config, body.guesser, cancel, variables)
+            # Without tools, the call is the one it always was (tools=None): nothing about the answer changes.
+            events = service.chat(messages, config, body.guesser, cancel, variables, **(
+                {"tools": tools, "tool_choice": choice, "parallel_tool_calls": not first_only} if tools else {}))
+            return _first_call_only(events) if first_only else events
 
         return await _respond(request, worker, work, body, _Shape(model_id, chat=True))
 
@@ -94,6 +101,17 @@ def create_app(service: ChatService, model_id: str, worker: Worker, api_key: str
         return await _respond(request, worker, work, body, _Shape(model_id, chat=False))
 
     return app
+
+
+def _first_call_only(events: Iterator[ChatEvent]) -> Iterator[ChatEvent]:
+    """parallel_tool_calls false: an answer's first call, and none after it (their text is not content either)."""
+    seen = 0
+    for event in events:
+        if isinstance(event, (Step, Done)) and event.calls:
+            keep = event.calls[:1] if isinstance(event, Done) else event.calls[:max(0, 1 - seen)]
+            seen += len(keep)
+            event = replace(event, calls=keep)
+        yield event
 
 
 class _Shape:
@@ -110,22 +128,26 @@ class _Shape:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
     def _choice(self, text: str | None, finish: str | None, stream: bool, role: bool = False,
-                thinking: str = "") -> dict[str, Any]:
+                thinking: str = "", calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
         # A reasoning model's thinking goes in reasoning_content, as llama-server, vLLM and DeepSeek send it.
         reasoning = {"reasoning_content": thinking} if thinking else {}
+        called = {"tool_calls": calls} if calls else {}
         if not self.chat:
             choice["text"] = text or ""
         elif stream:
             choice["delta"] = ({"role": "assistant"} if role else {}) | (
-                {"content": text} if text is not None else {}) | reasoning
+                {"content": text} if text is not None else {}) | reasoning | called
         else:
-            choice["message"] = {"role": "assistant", "content": text} | reasoning
+            # An answer that only calls has no content: null, as OpenAI sends it.
+            choice["message"] = {"role": "assistant", "content": text or None if calls else text} | reasoning | called
         return choice
 
-    def whole(self, done: Done) -> dict[str, Any]:
-        return self._envelope([self._choice(done.text, finish_reason(done), stream=False, thinking=done.thinking)],
-                              stream=False) | {"usage": usage(done.stats), "timings": timings(done)}
+    def whole(self, done: Done, notices: list[str]) -> dict[str, Any]:
+        choice = self._choice(done.text, finish_reason(done), stream=False, thinking=done.thinking,
+                              calls=tool_calls(done.calls))
+        return self._envelope([choice], stream=False) | {"usage": usage(done.stats), "timings": timings(done)} | (
+            _notices(notices))
 
     def opening(self) -> dict[str, Any] | None:
         return self._envelope([self._choice("", None, stream=True, role=True)], stream=True) if self.chat else None
@@ -133,10 +155,14 @@ class _Shape:
     def chunk(self, text: str, thinking: str = "") -> dict[str, Any]:
         return self._envelope([self._choice(text or None, None, stream=True, thinking=thinking)], stream=True)
 
-    def last(self, done: Done) -> dict[str, Any]:
+    def calls(self, calls: Sequence[ToolCall], first: int) -> dict[str, Any]:
+        return self._envelope([self._choice(None, None, stream=True, calls=tool_calls(calls, first, stream=True))],
+                              stream=True)
+
+    def last(self, done: Done, notices: list[str]) -> dict[str, Any]:
         # llama-server puts `timings` in the final chunk; so the chunk with finish_reason carries it.
         return self._envelope([self._choice(None, finish_reason(done), stream=True)], stream=True) | {
-            "timings": timings(done)}
+            "timings": timings(done)} | _notices(notices)
 
     def usage(self, done: Done) -> dict[str, Any]:
         # As OpenAI does with stream_options.include_usage: one more chunk, with no choices.
@@ -157,7 +183,7 @@ async def _respond(request: Request, worker: Worker, work: Callable[[threading.E
             job.cancel.set()  # a no-op once it is done; at once if the client left
         if outcome is None:
             return Response(status_code=499)  # nobody is there to read it
-        return outcome if isinstance(outcome, Response) else JSONResponse(shape.whole(outcome))
+        return outcome if isinstance(outcome, Response) else JSONResponse(shape.whole(*outcome))
     try:
         first = await _unless_disconnected(request, job.next())
     except BaseException:
@@ -171,11 +197,16 @@ async def _respond(request: Request, worker: Worker, work: Callable[[threading.E
     return _CancellingStream(_events(job.next, first, shape, body.include_usage), job.cancel)
 
 
-async def _until_done(next_item: Callable[[], Awaitable[Any]], prompt_field: str) -> Done | Response:
+async def _until_done(next_item: Callable[[], Awaitable[Any]],
+                      prompt_field: str) -> tuple[Done, list[str]] | Response:
+    """The answer's Done and what the service said about it (its Notices), or the failure's response."""
+    notices: list[str] = []
     while True:
         item = await next_item()
+        if isinstance(item, Notice):
+            notices.append(item.text)
         if isinstance(item, Done):
-            return _stopping() if item.reason == "cancelled" else item
+            return _stopping() if item.reason == "cancelled" else (item, notices)
         if item is END or isinstance(item, Failed):
             return _failure(item, prompt_field)
 
@@ -184,27 +215,41 @@ async def _events(next_item: Callable[[], Awaitable[Any]], first: Any, shape: _S
                   include_usage: bool) -> AsyncIterator[str]:
     if (opening := shape.opening()) is not None:
         yield _sse(opening)
-    sent = 0  # characters of the answer sent so far
+    sent, called = 0, 0  # characters of the answer sent so far, and calls
+    notices: list[str] = []  # what the service said about the answer: sent in the last chunk
     item = first
     while item is not END:
         if isinstance(item, Failed):
             yield _sse(json.loads(_failure(item, shape.prompt_field).body))
             return
+        if isinstance(item, Notice):
+            notices.append(item.text)
         if isinstance(item, Step) and (item.text or item.thinking):
             sent += len(item.text)
             yield _sse(shape.chunk(item.text, item.thinking if shape.chat else ""))
+        if isinstance(item, Step) and item.calls:
+            yield _sse(shape.calls(item.calls, called))
+            called += len(item.calls)
         elif isinstance(item, Done):
             if item.reason == "cancelled":  # not by this client, who is still here: by the server stopping
                 yield _sse(json.loads(_stopping().body))
                 return
             if rest := item.text[sent:]:  # text held back near a stop string, released at the end
                 yield _sse(shape.chunk(rest))
-            yield _sse(shape.last(item))
+            if late := item.calls[called:]:  # a call finished only as the answer ended
+                yield _sse(shape.calls(late, called))
+            yield _sse(shape.last(item, notices))
             if include_usage:
                 yield _sse(shape.usage(item))
             yield "data: [DONE]\n\n"
             return
         item = await next_item()
+
+
+def _notices(notices: list[str]) -> dict[str, Any]:
+    """Not OpenAI's: what the service said about the answer (malformed tool-call text kept as content, old turns
+    left out to fit the context), one line each; absent when it said nothing."""
+    return {"notices": notices} if notices else {}
 
 
 def _sse(obj: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ the measuring tools are thin adapters over it. Nothing here uses Textual.
   restart rule, the context policy.
 - `reasoning`: how a chat template marks thinking, read off the template, and the pure text splitter.
 - `thinking`: the engine's events with a reasoning model's thinking split out of the answer.
+- `toolsplit`: the engine's events with an answer's tool calls split out, where it was asked with tools.
 - `history`: the history index kept in step with the stored conversations.
 - `events`: what the service adds to the engine's events (a `Notice`, a server's `Chunk`).
 - `backend`: the one protocol the app talks to; `remote`: that protocol over any OpenAI-compatible server.

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from specchat.decoding.calibrate import OtherLoad
 from specchat.decoding.engine import Engine, GenerationConfig
@@ -18,12 +19,14 @@ from specchat.decoding.events import Done, Event, Stats, Step
 from specchat.decoding.guessers import REGISTRY, Guesser, Inputs, available, build, unavailable
 from specchat.errors import SpecchatError
 from specchat.llama.template import ChatPrompter, Message
+from specchat.llama.toolcalls import ToolFormat, format_of
 from specchat.service.costs import machine_turns
 from specchat.service.events import ChatEvent, Notice
 from specchat.service.history import History
 from specchat.service.pair import LoadedPair
 from specchat.service.reasoning import Reasoning, reasoning_of
 from specchat.service.thinking import ThinkingSplit
+from specchat.service.toolsplit import ToolSplit, check_tools, schemas, tool_constraint
 
 # Room kept for the answer when old turns must go: the max-tokens setting, up to this much.
 ANSWER_ROOM = 256
@@ -43,6 +46,7 @@ class ChatService:
         self._prompter: ChatPrompter | None = None
         self._guessers: dict[str, Guesser] = {}
         self._reasonings: dict[str, Reasoning] = {}  # by the template variables they were found under
+        self._tool_format: ToolFormat | None = None  # read off the template when tools are first given
         self.last_prompt: list[int] = []  # the tokens the last generation was given
 
     @property
@@ -84,26 +88,53 @@ class ChatService:
         return {**self.prompter.template.variables(think), **(given or {})}
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-             cancel: threading.Event | None = None, variables: Mapping[str, Any] | None = None) -> Iterator[ChatEvent]:
+             cancel: threading.Event | None = None, variables: Mapping[str, Any] | None = None,
+             tools: Sequence[dict[str, Any]] | None = None,
+             tool_choice: str | Mapping[str, Any] | None = None, parallel_tool_calls: bool = True) -> Iterator[ChatEvent]:
         """Answer the conversation's last message. What the cache holds of the conversation so far is
         reused; a conversation too long for the context loses its oldest turns, and a Notice says so.
         A reasoning model's thinking comes apart from its answer (`specchat.service.thinking`). `variables`
-        go to the chat template (None: `template_variables(None)`, the model's default)."""
+        go to the chat template (None: `template_variables(None)`, the model's default).
+
+        `tools` (OpenAI function schemas) go to the template, and the answer's calls come apart from its text
+        (`specchat.service.toolsplit`) unless `tool_choice` is "none", which renders them but reads no calls, as
+        llama-server does. Without tools nothing here changes."""
         variables = self.template_variables(None) if variables is None else dict(variables)
-        prompt, dropped = self.fit(messages, config.max_tokens, variables)
+        tools = list(tools or ())
+        check_tools(tools, tool_choice)
+        tools = schemas(tools)
+        fmt = self.tool_format() if tools and tool_choice != "none" else None
+        if fmt is not None:  # a required or named call: a grammar over the target's distribution makes it
+            config = replace(config, constraint=tool_constraint(tools, tool_choice, fmt, self.target, parallel_tool_calls))
+        prompt, dropped = self.fit(messages, config.max_tokens, variables, tools)
         if dropped:
             yield Notice(f"the conversation is longer than the {self.n_ctx}-token context: "
                          f"the oldest {dropped} message(s) were left out of this answer")
         if self.history is not None:
             self.history.sync()  # a deleted conversation's text is not copied from
-        split = ThinkingSplit(self._reasoning(variables))
+        reasoning = self._reasoning(variables)
+        splits: list[Callable[[ChatEvent], list[ChatEvent]]] = [ThinkingSplit(reasoning)]
+        if fmt is not None:
+            # Harmony's calls are messages the thinking split would take for thought: they come out first.
+            splits.insert(0 if fmt.harmony else 1, ToolSplit(fmt))
         for engine_event in self._generate(prompt, config, guesser, cancel, self.prompter.continued):
-            for event in split(engine_event):
+            for event in _through(splits, engine_event):
                 if isinstance(event, Done):
                     self.prompter.remember(event.token_ids)
                     if self.history is not None:
                         self.history.learn([m.content for m in messages] + [event.thinking, event.text])
                 yield event
+
+    def tool_format(self) -> ToolFormat:
+        """How the target's template writes calls, or a one-line error where it is none this reads."""
+        if self._tool_format is None:
+            fmt = format_of(self.prompter.template)
+            if fmt is None:
+                raise SpecchatError(f"tools are not supported with {self.target.path.name}: its chat template writes "
+                                    "tool calls in a form specchat does not read; leave tools out, or use another "
+                                    "model")
+            self._tool_format = fmt
+        return self._tool_format
 
     def _reasoning(self, variables: dict[str, Any]) -> Reasoning:
         key = json.dumps(variables, sort_keys=True, default=str)
@@ -128,18 +159,18 @@ class ChatService:
             self._prompter.forget()  # the cache no longer holds the last conversation's turn
         yield from self._generate(tokens, config, guesser, cancel, continued=False)
 
-    def fit(self, messages: Sequence[Message], max_tokens: int,
-            variables: dict[str, Any] | None = None) -> tuple[list[int], int]:
+    def fit(self, messages: Sequence[Message], max_tokens: int, variables: dict[str, Any] | None = None,
+            tools: Sequence[dict[str, Any]] = ()) -> tuple[list[int], int]:
         """The context policy: the prompt tokens, after leaving out the oldest turns (never the system
         prompt or the last message) until the prompt leaves room for an answer; and how many went."""
         messages = list(messages)
-        prompt = self.prompter.tokens(messages, variables)
+        prompt = self.prompter.tokens(messages, variables, tools)
         system = 1 if messages and messages[0].role == "system" else 0
         dropped = 0
         while len(prompt) + min(max_tokens, ANSWER_ROOM) > self.n_ctx and len(messages) > system + 1:
             del messages[system]
             dropped += 1
-            prompt = self.prompter.tokens(messages, variables)
+            prompt = self.prompter.tokens(messages, variables, tools)
         return prompt, dropped
 
     def _generate(self, prompt: list[int], config: GenerationConfig, guesser: str,
@@ -194,3 +225,11 @@ class ChatService:
 
     def close(self) -> None:
         self.pair.close()
+
+
+def _through(splits: Sequence[Callable[[ChatEvent], list[ChatEvent]]], event: ChatEvent) -> list[ChatEvent]:
+    """An engine event passed through each split in turn (each may make it several, or add a Notice)."""
+    events = [event]
+    for split in splits:
+        events = [out for e in events for out in split(e)]
+    return events

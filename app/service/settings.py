@@ -26,6 +26,8 @@ from specchat.store.tomlpos import locate
 # The one setting never written to the settings file: a server's API key comes from the command line
 # or from this variable, for `specchat serve` and `specchat --server` alike.
 API_KEY_ENV = "SPECCHAT_API_KEY"
+# Tables of the same file that other modules read: `[mcp]` is specchat.mcptools.config's.
+SECTIONS = ("mcp",)
 
 
 def resolve_api_key(given: str | None) -> str | None:
@@ -110,6 +112,8 @@ def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:
         return locate(path, text, (key,))
 
     for key, value in data.items():
+        if key in SECTIONS:
+            continue
         if key not in types:
             problems.append(f"{at(key)}: unknown setting {key!r} ignored")
             continue

@@ -35,7 +35,9 @@ class ThinkingSplit:
         if isinstance(event, Done):
             thinking, answer = split(event.text, self.reasoning)  # the Done holds the whole text
             said: list[ChatEvent] = []
-            if self.splitter.unclosed:
+            # A Harmony answer that ends in a call ends in its commentary channel, with no final message: that
+            # is a turn handed to the tool, not thinking cut short (its calls were split out before this).
+            if self.splitter.unclosed and not event.calls:
                 close = self.reasoning.close if self.reasoning.format is Format.TAGS else "its final channel"
                 said.append(Notice(f"the answer ended inside its thinking (no {close}): what it wrote is kept as "
                                    "thinking; raise max tokens, or ask again"))

@@ -149,3 +149,32 @@ class ScriptedModel:
 
     def close(self) -> None:
         self.closed = True
+
+
+class _AnsweringSession(ScriptedSession):
+    def prefill(self, tokens: Sequence[int]) -> int:
+        self.model.prompt_len = len(tokens)  # type: ignore[attr-defined]
+        return super().prefill(tokens)
+
+
+class AnsweringModel(ScriptedModel):
+    """A text model that answers every prompt with `answer`, byte for byte, then ends the turn: for tests of what
+    a front end makes of chosen text (a tool call, a malformed one) through the real service and engine.
+    `template` is the chat template its GGUF would carry, any template (the answer starts where the prompt the
+    engine prefilled ends). Every guess but the answer's own next byte is rejected, as a real model would."""
+
+    def __init__(self, answer: str = "Hello.", template: str = TEMPLATE, n_ctx: int = 4096,
+                 name: str = "answering") -> None:
+        super().__init__(text=True, order=1, n_ctx=n_ctx, name=name)
+        self.answer = answer
+        self.metadata = {"tokenizer.chat_template": template}
+        self.session = _AnsweringSession(self)
+        self.prompt_len = 0  # the last prompt's length: where the answer starts
+
+    def logits(self, context: Sequence[int]) -> np.ndarray:
+        # The answer's next byte, far above every other token: greedy or sampled, the same answer.
+        wanted, done = self.answer.encode(), len(context) - self.prompt_len
+        token = wanted[done] if 0 <= done < len(wanted) else self.n_vocab - 1  # then the end of the turn
+        row = np.full(self.n_vocab, -50.0)
+        row[token] = 50.0
+        return row

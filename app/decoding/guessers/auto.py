@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol, Sequenc
 
 import numpy as np
 
-from specchat.decoding.guessers.base import BaseGuesser, Proposal
+from specchat.decoding.guessers.base import Allowed, BaseGuesser, Proposal
 from specchat.decoding.guessers.sources import Copy, Offer, Passage, SentTree, as_tree, branches
 from specchat.decoding.policy import (
     PRIORS,
@@ -38,6 +38,8 @@ class Drafter(Protocol):
     keep_going: Callable[[list[float]], bool] | None  # auto's early stop, from the draft's own confidence
 
     def prepare(self, context: Sequence[int]) -> None: ...
+
+    def constrain(self, allowed: Allowed | None) -> None: ...
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal: ...
@@ -101,6 +103,12 @@ class AutoGuesser(BaseGuesser):
             assert self.history is not None
             return self.history.acceptance(self._sampling)
         return self.lookup_acceptance[copy.kind]
+
+    def constrain(self, allowed: Allowed | None) -> None:
+        for drafter in self.drafters.values():  # its copies are cut by the engine, as lookup's are
+            constrain = getattr(drafter, "constrain", None)  # (a drafter without it drafts unmasked: still exact)
+            if constrain is not None:
+                constrain(allowed)
 
     def prepare(self, context: Sequence[int]) -> None:
         self.passage.restart()

@@ -7,12 +7,16 @@ deterministic proposals (copies) return None, which the verifier treats as point
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from specchat.decoding.sampling import SamplingConfig
 from specchat.decoding.verify import Tree
+
+# Under a grammar: what it allows after the answer so far and then these drafted tokens ((V,) bool; nothing,
+# if it refuses them). A drafter samples from its distribution masked to it, and reports the masked one.
+Allowed = Callable[[Sequence[int]], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,10 @@ class Guesser(Protocol):
         target kept, and what proposing them took (a drafter's real time; the service keeps the cost
         curve, so a guesser needs no timing of the verification)."""
 
+    def constrain(self, allowed: Allowed | None) -> None:
+        """Called at each generation's start: the grammar's masks for drafting under it (None: no grammar).
+        Optional for exactness (the target's rule is masked whatever is guessed): it makes guesses that hold."""
+
 
 class BaseGuesser:
     """No-op defaults: a guesser that needs no set-up and learns nothing defines `propose` alone."""
@@ -59,6 +67,9 @@ class BaseGuesser:
         pass
 
     def observe(self, drafted: int, accepted: int, draft_s: float) -> None:
+        pass
+
+    def constrain(self, allowed: Allowed | None) -> None:
         pass
 
 

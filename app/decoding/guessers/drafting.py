@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from specchat.decoding.guessers.base import BaseGuesser, Proposal
-from specchat.decoding.sampling import SamplingConfig, logits_to_probs, sample
+from specchat.decoding.guessers.base import Allowed, BaseGuesser, Proposal
+from specchat.decoding.sampling import SamplingConfig, logits_to_probs, masked, sample
 
 if TYPE_CHECKING:  # settings validate guesser names without loading llama.cpp
     from specchat.llama.model import Model
@@ -34,9 +34,13 @@ class DraftGuesser(BaseGuesser):
         # Optional early stop: given the draft's probabilities for the tokens drafted so far,
         # is one more worth it? (Set by AutoGuesser from the cost model.)
         self.keep_going: Callable[[list[float]], bool] | None = None
+        self.allowed: Allowed | None = None  # a grammar's masks, under a constraint
 
     def prepare(self, context: Sequence[int]) -> None:
         self._sync(context, lasting=True)
+
+    def constrain(self, allowed: Allowed | None) -> None:
+        self.allowed = allowed
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
@@ -49,7 +53,7 @@ class DraftGuesser(BaseGuesser):
         if k > 1:  # its own guesses go into its cache, and the rejected ones come out again
             session.checkpoint()
         tokens, probs = draft_tokens(logits, k, sampling, rng, lambda token: session.decode([token], "last")[-1],
-                                     self.keep_going)
+                                     self.keep_going, self.allowed)
         return Proposal(tokens, probs, "draft", sync_s)
 
     def _sync(self, context: Sequence[int], lasting: bool = False) -> np.ndarray:
@@ -76,6 +80,10 @@ class MtpGuesser(BaseGuesser):
     def __init__(self, head: MtpHead) -> None:
         self.head = head
         self.keep_going: Callable[[list[float]], bool] | None = None
+        self.allowed: Allowed | None = None
+
+    def constrain(self, allowed: Allowed | None) -> None:
+        self.allowed = allowed
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
@@ -84,7 +92,7 @@ class MtpGuesser(BaseGuesser):
         self.head.begin()
         try:
             tokens, probs = draft_tokens(self.head.step(context[-1]), k, sampling, rng, self.head.step,
-                                         self.keep_going)
+                                         self.keep_going, self.allowed)
         finally:
             self.head.end()
         return Proposal(tokens, probs, "mtp")
@@ -92,14 +100,22 @@ class MtpGuesser(BaseGuesser):
 
 def draft_tokens(logits: np.ndarray, k: int, sampling: SamplingConfig, rng: np.random.Generator,
                  more: Callable[[int], np.ndarray],
-                 keep_going: Callable[[list[float]], bool] | None = None) -> tuple[list[int], np.ndarray | None]:
+                 keep_going: Callable[[list[float]], bool] | None = None,
+                 allowed: Allowed | None = None) -> tuple[list[int], np.ndarray | None]:
     """Up to k tokens from a model that gives logits for the next token: `logits` for the first, then
     `more(token)` for the one after each. Greedy takes the argmax; sampling draws from q and returns
-    the rows of q, which the acceptance rule needs. `keep_going` may stop early."""
+    the rows of q, which the acceptance rule needs. `keep_going` may stop early. Under a grammar
+    (`allowed`), q is masked to what it allows after the tokens drafted so far: guesses it would refuse
+    are not made, and the rows returned are the masked q the tokens were drawn from, as the rule needs."""
     tokens: list[int] = []
     rows: list[np.ndarray] = []
     confidences: list[float] = []
     for i in range(k):
+        if allowed is not None:
+            allow = allowed(tokens)
+            if not allow[:len(logits)].any():  # nothing this draft can write is allowed: stop here
+                break
+            logits = masked(logits, allow)
         q = None if sampling.greedy else logits_to_probs(logits, sampling)
         tokens.append(int(logits.argmax()) if q is None else sample(q, rng))
         if q is not None:
@@ -110,7 +126,7 @@ def draft_tokens(logits: np.ndarray, k: int, sampling: SamplingConfig, rng: np.r
                 break
         if i < k - 1:
             logits = more(tokens[-1])
-    return tokens, None if sampling.greedy else np.stack(rows)
+    return tokens, None if sampling.greedy or not rows else np.stack(rows)
 
 
 def _confidence(logits: np.ndarray, token: int, probs: np.ndarray | None) -> float:

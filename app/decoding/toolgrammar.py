@@ -1,0 +1,92 @@
+"""The grammar of a forced tool call (OpenAI's `tool_choice` "required" or a named function): the answer is one
+call (or, for "required" with parallel calls, one or more) in the form the model's template writes, each
+call's arguments held to its tool's JSON schema (llguidance's `%json`).
+
+Covered: the formats that put a JSON call after a marker (`specchat.llama.toolcalls`): Hermes and Qwen's
+`<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>` (the default model's), any such marker-and-end pair a
+template was read to use, the list forms of Mistral (`[TOOL_CALLS][{…}]`) and Granite (`<|tool_call|>[{…}]`),
+and Llama 3.x's bare `{"name": …, "parameters": …}`. Not covered: gpt-oss's Harmony channels.
+
+A marker that the vocabulary holds as one special token is asked for as that token: it is what the model
+writes, and its text spelled out byte by byte would be another answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import llguidance
+
+from specchat.decoding.constraint import Constraint, tokenizer_of
+from specchat.errors import SpecchatError
+from specchat.llama.toolcalls import ToolFormat
+
+if TYPE_CHECKING:
+    from specchat.llama.model import Model
+
+# JSON as templates write it (tojson, json.dumps): ", " and ": ", no other whitespace, so that the grammar
+# neither invites a model to pad its arguments with newlines forever nor refuses the spacing it was trained on.
+_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def tool_constraint(tools: Sequence[Mapping[str, Any]], choice: str, fmt: ToolFormat | None,
+                    model: Model | llguidance.LLTokenizer, parallel: bool = True) -> Constraint:
+    """The constraint for `tool_choice`: `choice` "required" (one of `tools`, or several calls in a row if
+    `parallel`) or a function's name (one call to it). `tools` are OpenAI tool schemas (`{"type": "function",
+    "function": {"name", "parameters", …}}`), `fmt` what `toolcalls.format_of` read off the template, `model`
+    the loaded target (or llguidance's tokenizer for it). Raises SpecchatError, one line, for a choice no
+    tool answers, a format not covered, or a schema llguidance cannot compile."""
+    functions = [_function(tool) for tool in tools]
+    if not functions:
+        raise SpecchatError("tool_choice needs tools: the request lists none")
+    if choice != "required":
+        functions = [f for f in functions if f["name"] == choice]
+        if not functions:
+            raise SpecchatError(f"tool_choice names {choice!r}, which is not among the request's tools "
+                                f"({', '.join(_function(t)['name'] for t in tools)})")
+        parallel = False
+    if fmt is None or fmt.harmony:
+        what = "its chat template's tool calls" if fmt is None else "gpt-oss's Harmony tool calls"
+        raise SpecchatError(f"tool_choice cannot be enforced for this model: {what} are not in a form the "
+                            "grammar covers; use tool_choice \"auto\"")
+    tokenizer = model if isinstance(model, llguidance.LLTokenizer) else tokenizer_of(model)
+    call = {"anyOf": [_call_schema(f, fmt.args_key) for f in functions]} if len(functions) > 1 else \
+        _call_schema(functions[0], fmt.args_key)
+    what = f"the grammar for tool_choice {choice!r}"
+    return Constraint.lark(_lark(call, fmt, parallel, tokenizer), tokenizer, what)
+
+
+def _function(tool: Mapping[str, Any]) -> dict[str, Any]:
+    function = tool.get("function", tool)
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise SpecchatError(f"a tool without a function name: {json.dumps(tool)[:120]}")
+    return dict(function)
+
+
+def _call_schema(function: Mapping[str, Any], args_key: str) -> dict[str, Any]:
+    """One call as the template writes it: the name first, then the arguments under its key."""
+    parameters = function.get("parameters") or {"type": "object"}
+    return {"type": "object", "properties": {"name": {"const": function["name"]}, args_key: parameters},
+            "required": ["name", args_key], "additionalProperties": False}
+
+
+def _lark(call: dict[str, Any], fmt: ToolFormat, parallel: bool, tokenizer: llguidance.LLTokenizer) -> str:
+    if fmt.bare or not fmt.markers:  # Llama 3.x's custom tools: one call as bare JSON, nothing around it
+        return "\n".join(["start: call", f"call: %json {json.dumps({**call, 'x-guidance': _LAYOUT})}"])
+    marker = _literal(fmt.markers[0], tokenizer)
+    if fmt.array:  # [TOOL_CALLS][{…}, …]: the list is JSON too, and parallel calls are its items
+        calls = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+        return "\n".join([f"start: {marker} calls", f"calls: %json {json.dumps({**calls, 'x-guidance': _LAYOUT})}"])
+    # As Qwen's and Hermes's templates write a call: the JSON on a line of its own between the tags.
+    one = f'{marker} "\\n" call "\\n" {_literal(fmt.end, tokenizer)}' if fmt.end else f"{marker} call"
+    return "\n".join(['start: one ("\\n" one)*' if parallel else "start: one", f"one: {one}",
+                      f"call: %json {json.dumps({**call, 'x-guidance': _LAYOUT})}"])
+
+
+def _literal(text: str, tokenizer: llguidance.LLTokenizer) -> str:
+    """`text` in the grammar: its special token where the vocabulary has one, else the string."""
+    tokens = tokenizer.tokenize_str(text, parse_special=True)
+    if len(tokens) == 1 and tokenizer.is_special_token(tokens[0]):
+        return f"<[{tokens[0]}]>"
+    return json.dumps(text)

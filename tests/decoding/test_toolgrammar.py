@@ -1,0 +1,110 @@
+"""The grammar of a forced tool call, on the scripted text model (bytes and the chat format's special tokens)
+with llguidance's view of its vocabulary: whatever the model would rather say, a forced answer parses
+(`llama.toolcalls.parse`) as a call to the tool asked for, with arguments its schema allows, in each format
+covered; guessers change nothing of that. Then what is refused, in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fakes import ScriptedModel
+from fakes import tokenizer as toy
+
+from specchat.decoding.engine import Engine, GenerationConfig, final
+from specchat.decoding.guessers import DraftGuesser, LookupGuesser
+from specchat.decoding.sampling import SamplingConfig
+from specchat.decoding.toolgrammar import tool_constraint
+from specchat.errors import SpecchatError
+from specchat.llama.toolcalls import GRANITE, HARMONY, HERMES, LLAMA3, MISTRAL, ToolFormat, parse
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {
+               "city": {"enum": ["Paris", "Oslo", "Lima"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+               "metric": {"type": "boolean"}}, "required": ["city", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+
+
+def valid_weather(args: dict) -> bool:
+    return (set(args) <= {"city", "days", "metric"} and args["city"] in ("Paris", "Oslo", "Lima")
+            and isinstance(args["days"], int) and 1 <= args["days"] <= 7
+            and isinstance(args.get("metric", True), bool))
+
+
+def answer(constraint, guesser=None, seed: int | None = 0, max_tokens: int = 160) -> str:
+    target = ScriptedModel(7, 2.0, text=True, order=1)
+    prompt = target.tokenize("<|im_start|>user\nweather?<|im_end|>\n<|im_start|>assistant\n")
+    sampling = SamplingConfig(1.0, seed=seed) if seed is not None else SamplingConfig()
+    done = final(Engine(target, guesser).generate(prompt, GenerationConfig(sampling, max_tokens, constraint=constraint)))
+    assert done.reason == "eog", (done.reason, done.text)  # the grammar's end, and the model's end token
+    return done.text
+
+
+@pytest.mark.parametrize("guesser", ["none", "lookup", "draft"])
+def test_a_named_function_is_called_with_arguments_its_schema_allows(guesser):
+    constraint = tool_constraint([TIME, WEATHER], "get_weather", HERMES, toy.text())
+    make = {"none": lambda: None, "lookup": LookupGuesser,
+            "draft": lambda: DraftGuesser(ScriptedModel(8, 1.0, text=True, order=1))}[guesser]
+    for seed in (0, 1, 2, None):  # None: greedy
+        text = answer(constraint, make(), seed)
+        parsed = parse(text, HERMES)
+        assert parsed.errors == () and parsed.content == "", text
+        assert [c.name for c in parsed.calls] == ["get_weather"], text
+        assert valid_weather(json.loads(parsed.calls[0].arguments)), text
+        assert text.startswith('<tool_call>\n{"name": "get_weather", "arguments": {') and text.endswith("}\n</tool_call>")
+
+
+def test_required_calls_one_of_the_tools():
+    constraint = tool_constraint([TIME, WEATHER], "required", HERMES, toy.text(), parallel=False)
+    for seed in range(6):
+        parsed = parse(answer(constraint, seed=seed), HERMES)
+        assert parsed.errors == () and parsed.content == "" and len(parsed.calls) == 1
+        args = json.loads(parsed.calls[0].arguments)
+        assert valid_weather(args) if parsed.calls[0].name == "get_weather" else args == {"zone": args["zone"]}
+
+
+def test_parallel_calls_follow_one_another_until_the_model_ends():
+    """The scripted model would rather go on than end after a call: with parallel calls allowed it makes
+    several, each whole; without, one and the end."""
+    constraint = tool_constraint([TIME, WEATHER], "required", HERMES, toy.text())
+    target = ScriptedModel(7, 2.0, text=True, order=1)
+    done = final(Engine(target).generate(target.tokenize("<|im_start|>assistant\n"),
+                                         GenerationConfig(SamplingConfig(1.0, seed=0), 400, constraint=constraint)))
+    calls = parse(done.text[:done.text.rindex("</tool_call>") + len("</tool_call>")], HERMES).calls
+    assert len(calls) >= 2 and all(json.loads(c.arguments) for c in calls)
+
+
+@pytest.mark.parametrize("fmt", [MISTRAL, GRANITE, LLAMA3, ToolFormat("json", ("<tools>",), "</tools>")])
+def test_the_other_json_formats(fmt):
+    constraint = tool_constraint([TIME, WEATHER], "get_weather", fmt, toy.text())
+    for seed in (0, 1):
+        parsed = parse(answer(constraint, LookupGuesser(), seed), fmt)
+        assert parsed.errors == () and parsed.content == "" and [c.name for c in parsed.calls] == ["get_weather"]
+        assert valid_weather(json.loads(parsed.calls[0].arguments))
+
+
+def test_a_marker_the_vocabulary_holds_as_one_special_token_is_asked_for_as_that_token():
+    tokenizer = toy.text(extra=("<tool_call>", "</tool_call>"))  # ids 258 and 259
+    matcher = tool_constraint([WEATHER], "get_weather", HERMES, tokenizer).start()
+    assert np.flatnonzero(matcher.allowed()).tolist() == [258]  # not '<' spelled out
+    matcher.consume([258, *tokenizer.tokenize_str('\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n')])
+    assert np.flatnonzero(matcher.allowed()).tolist() == [259]
+    matcher.consume([259])
+    assert np.flatnonzero(matcher.allowed()).tolist() == [257]  # the end: a named function is called once
+
+
+@pytest.mark.parametrize("tools,choice,fmt,why", [
+    ([WEATHER], "get_time", HERMES, "tool_choice names 'get_time', which is not among the request's tools"),
+    ([], "required", HERMES, "tool_choice needs tools"),
+    ([WEATHER], "required", HARMONY, "cannot be enforced for this model: gpt-oss's Harmony tool calls"),
+    ([WEATHER], "required", None, "cannot be enforced for this model: its chat template's tool calls"),
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "string", "pattern": "(?<=a)b"}}}}}], "f", HERMES, "cannot be compiled"),
+])
+def test_what_cannot_be_enforced_is_one_line(tools, choice, fmt, why):
+    with pytest.raises(SpecchatError) as caught:
+        tool_constraint(tools, choice, fmt, toy.text())
+    assert why in str(caught.value) and "\n" not in str(caught.value)

@@ -1,0 +1,200 @@
+"""Tool calls: the formats read off real templates (tests/templates/), whole answers and streamed ones split into
+content and calls, calls and results rendered back through the templates, and malformed call text kept.
+Pure text and the sandboxed renderer: no model is loaded."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specchat.llama.template import ChatTemplate, Message, ToolCall
+from specchat.llama.toolcalls import GRANITE, HARMONY, HERMES, LLAMA3, MISTRAL, Splitter, ToolFormat, format_of, parse
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+APRIEL = ToolFormat("json", ("<tool_calls>",), "</tool_calls>", array=True)
+LLAMA32 = ToolFormat("llama3", (), args_key="parameters", bare=True)
+FORMATS = {  # template file -> what format_of reads off it (None: a format not handled, see the module)
+    "Qwen-Qwen2.5-Coder-1.5B-Instruct.jinja": HERMES,
+    "Qwen-Qwen3-0.6B.jinja": HERMES,
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": HERMES,
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": MISTRAL,
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": MISTRAL,
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": LLAMA3,
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": LLAMA32,
+    "openai-gpt-oss-120b.jinja": HARMONY,
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": GRANITE,
+    "Apriel-1.6-15b-Thinker-fixed.jinja": APRIEL,
+    "Qwen3-Coder.jinja": None,  # <function=NAME><parameter=…> XML
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": None,  # special-token calls
+    "ByteDance-Seed-OSS.jinja": None,  # <seed:tool_call> XML
+}
+
+
+def template(name: str) -> ChatTemplate:
+    return ChatTemplate((TEMPLATES / name).read_text(), name, "<s>", "</s>")
+
+
+def ids():
+    n = itertools.count()
+    return lambda: f"call{next(n):05d}"
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_format_is_read_off_the_template(name):
+    assert format_of(template(name)) == FORMATS[name]
+
+
+W = ("get_weather", '{"city": "Paris"}')
+T = ("get_time", "{}")
+CASES = [  # (text, format, content, [(name, arguments)], number of errors)
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', HERMES, "", [W], 0),
+    ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+     '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', HERMES, "Let me look.\n", [W, T], 0),
+    ('<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}</tool_call>', HERMES, "", [W], 0),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}', HERMES, "", [W], 0),  # ended at EOG
+    ("A <tool_call> tag is how Qwen calls.", HERMES, "A <tool_call> tag is how Qwen calls.", [], 1),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call> and on', HERMES,
+     '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call> and on', [], 1),
+    ('<tool_call>{"arguments": {}}</tool_call>', HERMES, '<tool_call>{"arguments": {}}</tool_call>', [], 1),
+    ("<tool_ca is not a marker", HERMES, "<tool_ca is not a marker", [], 0),
+    ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcDEF123"}, '
+     '{"name": "get_time", "arguments": {}}]', MISTRAL, "", [W, T], 0),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[CALL_ID]xyz987654[ARGS]{}', MISTRAL, "",
+     [W, T], 0),
+    ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par', MISTRAL,
+     '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par', [], 1),
+    ('[TOOL_CALLS][{"name": "search", "arguments": {"q": "a]}\\"["}}] then text', MISTRAL, " then text",
+     [("search", '{"q": "a]}\\"["}')], 0),  # brackets and a quote inside a string do not end the JSON
+    ('{"name": "get_weather", "parameters": {"city": "Paris"}}', LLAMA3, "", [W], 0),
+    ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', LLAMA3, "", [W], 0),
+    ('{"city": "Paris", "temperature": 21}', LLAMA3, '{"city": "Paris", "temperature": 21}', [], 0),
+    ('  Sure: {"name": "x"} is JSON.', LLAMA3, '  Sure: {"name": "x"} is JSON.', [], 0),
+    ('<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]', GRANITE, "", [W], 0),
+    ("<|channel|>analysis<|message|>Weather wanted.<|end|><|start|>assistant<|channel|>commentary "
+     'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>', HARMONY,
+     "<|channel|>analysis<|message|>Weather wanted.<|end|>", [W], 0),
+    (' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>', HARMONY, "", [W], 0),
+    ("<|channel|>final<|message|>It is sunny.", HARMONY, "<|channel|>final<|message|>It is sunny.", [], 0),
+    ("<|channel|>commentary to=functions.get_weather json<|message|>{city: Paris}<|call|>", HARMONY,
+     "<|channel|>commentary to=functions.get_weather json<|message|>{city: Paris}<|call|>", [], 1),
+]
+
+
+@pytest.mark.parametrize("text, fmt, content, calls, errors", CASES)
+def test_a_whole_answer_comes_apart_into_content_and_calls(text, fmt, content, calls, errors):
+    parsed = parse(text, fmt, ids())
+    assert parsed.content == content
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [(n, json.loads(a)) for n, a in calls]
+    assert len(parsed.errors) == errors
+    assert all("\n" not in e and e.startswith("malformed tool call") for e in parsed.errors)
+    assert len({c.id for c in parsed.calls}) == len(parsed.calls)
+
+
+def test_ids_the_model_wrote_are_kept_and_the_rest_made():
+    assert parse(CASES[8][0], MISTRAL).calls[0].id == "abcDEF123"
+    parsed = parse(CASES[9][0], MISTRAL)
+    assert parsed.calls[1].id == "xyz987654"
+    assert len(parsed.calls[0].id) == 9 and parsed.calls[0].id.isalnum()  # as Mistral's templates insist
+
+
+def streamed(text, fmt, cuts):
+    splitter = Splitter(fmt, ids())
+    out = [splitter.push(text[a:b]) for a, b in zip([0, *cuts], [*cuts, len(text)])] + [splitter.flush()]
+    return "".join(d.content for d in out), [(c.name, c.arguments, c.id) for d in out for c in d.calls], \
+        [e for d in out for e in d.errors]
+
+
+def whole(text, fmt):
+    p = parse(text, fmt, ids())
+    return p.content, [(c.name, c.arguments, c.id) for c in p.calls], list(p.errors)
+
+
+@pytest.mark.parametrize("text, fmt, content, calls, errors", CASES)
+def test_every_split_point_gives_the_same_content_and_calls(text, fmt, content, calls, errors):
+    """A marker, a call's JSON and its end split anywhere across the engine's pieces (a step brings several
+    tokens, a token part of a marker): the same content and calls, cut once at every point, or a character
+    at a time."""
+    expected = whole(text, fmt)
+    for cut in range(1, len(text)):
+        assert streamed(text, fmt, [cut]) == expected, cut
+    assert streamed(text, fmt, list(range(1, len(text)))) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=st.sampled_from(CASES), data=st.data())
+def test_any_cutting_gives_the_same_content_and_calls(case, data):
+    text, fmt = case[0], case[1]
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(text) - 1), max_size=20)))
+    assert streamed(text, fmt, cuts) == whole(text, fmt)
+
+
+@pytest.mark.parametrize("fmt, text", [
+    (HERMES, "Paris is sunny <b>today</b>, <toolbox> and all."),
+    (MISTRAL, "Lists [1, 2] and [TOOL] words."),
+    (LLAMA3, "Not JSON at the start, then {\"name\": 1} <|python in text."),
+    (HARMONY, "<|channel|>final<|message|>It is <|sunny|> today"),
+])
+def test_only_what_may_start_a_marker_is_held_back(fmt, text):
+    """Content streams as it comes: after each character, all of it is out but a tail that is a marker's
+    start."""
+    markers = fmt.markers + (("<|start|>", "<|channel|>") if fmt.harmony else ())
+    splitter, out = Splitter(fmt), ""
+    for i in range(len(text)):
+        out += splitter.push(text[i]).content
+        held = text[:i + 1][len(out):]
+        assert text[:i + 1].startswith(out)
+        header = fmt.harmony and held.startswith(markers) and "<|message|>" not in held  # Harmony's, being read
+        assert held == "" or any(m.startswith(held) for m in markers) or header, held
+    assert out + splitter.flush().content == text
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CALL = ToolCall("get_weather", '{"city": "Paris"}', "abcDEF123")
+RESULT = "RESULT-7f3a: 21 degrees and sunny"
+
+
+@pytest.mark.parametrize("name", [n for n, f in FORMATS.items() if f is not None and f is not GRANITE])
+def test_a_call_and_its_result_render_where_the_template_puts_them(name):
+    """The tools, an answer's call and the tool's result, as the template renders them: the tool's name in the
+    prompt, the call written back as the template writes it (and parsed back to the same call), the result
+    after it and before the next answer's start."""
+    t = template(name)
+    conversation = [Message("user", "Weather in Paris?"), Message("assistant", "", tool_calls=(CALL,)),
+                    Message("tool", RESULT, tool_call_id=CALL.id)]
+    prompt = t.render(conversation, tools=[WEATHER])
+    assert "The weather in a city now." in prompt  # the tools, described
+    asked = prompt.index("Weather in Paris?")
+    result = prompt.index(RESULT)
+    assert asked < result and prompt.rindex("get_weather") < result
+    assert "Paris" in prompt[asked + len("Weather in Paris?"):result]  # the call's arguments, between them
+    assert '"city": "Paris"' in prompt and '\\"city\\"' not in prompt  # arguments as an object, not text
+
+    user = [Message("user", "Weather in Paris?")]
+    plain = t.render(user + [Message("assistant", "SPECCHAT_ANSWER")], False, tools=[WEATHER])
+    called = t.render(user + [Message("assistant", "", tool_calls=(CALL,))], False, tools=[WEATHER])
+    head = next((i for i, (a, b) in enumerate(zip(plain, called)) if a != b), 0)
+    parsed = parse(called[head:], FORMATS[name])
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("get_weather", {"city": "Paris"})]
+    assert not parsed.errors
+
+
+def test_a_template_without_tools_renders_as_before():
+    t = template("Qwen-Qwen2.5-Coder-1.5B-Instruct.jinja")
+    assert "<tools>" not in t.render([Message("user", "Hi")])
+    assert "<tools>" in t.render([Message("user", "Hi")], tools=[WEATHER])
+
+
+def test_a_megabyte_tool_result_renders_whole():
+    result = ("line of a big file, " * 52_429)[:1_048_576]
+    t = template("Qwen-Qwen2.5-Coder-1.5B-Instruct.jinja")
+    prompt = t.render([Message("user", "Read it"), Message("assistant", "", tool_calls=(CALL,)),
+                       Message("tool", result, tool_call_id=CALL.id)], tools=[WEATHER])
+    assert "<tool_response>\n" + result + "\n</tool_response>" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
