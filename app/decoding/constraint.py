@@ -11,6 +11,7 @@ llguidance is imported here only: a generation without a constraint never loads 
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Sequence
 
 import llguidance
@@ -34,7 +35,9 @@ def tokenizer_of(model: Model) -> llguidance.LLTokenizer:
         import llguidance.llamacpp  # imports llama_cpp, which a loaded Model has already
 
         eog = [t for t in range(model.n_vocab) if model.is_eog(t)]
-        _TOKENIZERS[key] = llguidance.llamacpp.lltokenizer_from_vocab(model.vocab, eos_token=eog or None)
+        with warnings.catch_warnings():  # llguidance reads each token with a binding llama-cpp-python deprecates:
+            warnings.simplefilter("ignore", DeprecationWarning)  # 150k warnings a vocabulary, and each costs time
+            _TOKENIZERS[key] = llguidance.llamacpp.lltokenizer_from_vocab(model.vocab, eos_token=eog or None)
     return _TOKENIZERS[key]
 
 

@@ -27,7 +27,6 @@ import tiny_gguf
 from pooled import Sampled, answers_for, exact_joint, sample_answers, sampled_against, total_variation
 from tempered import Tempered
 
-import specchat.decoding.engine as engine_module
 import specchat.decoding.verify as verify_module
 from specchat.decoding.guessers import AutoGuesser, DraftGuesser, Guesser, LookupGuesser, MtpGuesser, build
 from specchat.decoding.policy import CostCurve
@@ -154,7 +153,7 @@ def test_the_same_count_rejects_a_planted_error(models, joint, target, monkeypat
     if plant == "target at T=1.08":
         planted = exact_joint(target, prompt_of(models[0]), 3, replace(SAMPLING, temperature=PLANTED_T))
         assert TV <= total_variation(planted, joint) < TV + 0.005
-        monkeypatch.setattr(engine_module, "logits_to_probs",
+        monkeypatch.setattr(verify_module, "logits_to_probs",
                             lambda logits, cfg: logits_to_probs(logits, replace(cfg, temperature=PLANTED_T)))
     else:
         monkeypatch.setattr(verify_module, "_residual", lambda p, q, x: p)

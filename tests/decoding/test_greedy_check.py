@@ -84,7 +84,7 @@ def test_corrupted_batched_logits_fail_it(smol, smol_path, monkeypatch, size, wh
 
 
 def test_a_verification_that_reads_the_wrong_row_fails_it(smol, smol_path, monkeypatch):
-    def off_by_one(self, pending, tree, sampling, rng):  # lookup's guesses: a chain
+    def off_by_one(self, pending, tree, sampling, rng, matcher=None):  # lookup's guesses: a chain
         logits = np.array(self.target.session.decode_guesses(pending, tree.tokens, tree.parents))
         if tree.tokens:  # each guess judged by the row after its own
             logits = np.roll(logits, -1, axis=0)
