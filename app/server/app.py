@@ -86,7 +86,8 @@ def create_app(service: ChatService, model_id: str, worker: Worker, api_key: str
             variables = service.template_variables(None, body.template_variables())
             # Without tools, the call is the one it always was (tools=None): nothing about the answer changes.
             events = service.chat(messages, config, body.guesser, cancel, variables, **(
-                {"tools": tools, "tool_choice": choice, "parallel_tool_calls": not first_only} if tools else {}))
+                {"tools": tools, "tool_choice": choice, "parallel_tool_calls": body.parallel_tool_calls is True}
+                if tools else {}))
             return _first_call_only(events) if first_only else events
 
         return await _respond(request, worker, work, body, _Shape(model_id, chat=True))

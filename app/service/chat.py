@@ -90,7 +90,7 @@ class ChatService:
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
              cancel: threading.Event | None = None, variables: Mapping[str, Any] | None = None,
              tools: Sequence[dict[str, Any]] | None = None,
-             tool_choice: str | Mapping[str, Any] | None = None, parallel_tool_calls: bool = True) -> Iterator[ChatEvent]:
+             tool_choice: str | Mapping[str, Any] | None = None, parallel_tool_calls: bool = False) -> Iterator[ChatEvent]:
         """Answer the conversation's last message. What the cache holds of the conversation so far is
         reused; a conversation too long for the context loses its oldest turns, and a Notice says so.
         A reasoning model's thinking comes apart from its answer (`specchat.service.thinking`). `variables`
@@ -98,7 +98,8 @@ class ChatService:
 
         `tools` (OpenAI function schemas) go to the template, and the answer's calls come apart from its text
         (`specchat.service.toolsplit`) unless `tool_choice` is "none", which renders them but reads no calls, as
-        llama-server does. Without tools nothing here changes."""
+        llama-server does. A required call is one call unless `parallel_tool_calls` (as llama-server's default: a
+        small model let to go on calls the same tool again until max_tokens). Without tools nothing here changes."""
         variables = self.template_variables(None) if variables is None else dict(variables)
         tools = list(tools or ())
         check_tools(tools, tool_choice)

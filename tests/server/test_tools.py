@@ -161,11 +161,13 @@ def test_required_and_named_choices_reach_the_grammar_and_are_answered(fake, mon
     monkeypatch.setattr(chat, "tool_constraint", lambda tools, choice, fmt, model, parallel: asked.append(
         ([t["function"]["name"] for t in tools], choice, fmt.name, parallel)))
     named = {"type": "function", "function": {"name": "get_weather"}}
-    for choice, parallel in (("required", None), (named, False)):
+    for choice, parallel in (("required", None), ("required", True), (named, False)):
         r = fake.ask(CALL, tools=[WEATHER], tool_choice=choice,
                      **({} if parallel is None else {"parallel_tool_calls": parallel})).choices[0]
         assert r.finish_reason == "tool_calls" and r.message.tool_calls[0].function.name == "get_weather"
-    assert asked == [(["get_weather"], "required", "hermes", True), (["get_weather"], named, "hermes", False)]
+    # One call unless parallel calls are asked for, as llama-server: the default pair, let to go on, calls again.
+    assert asked == [(["get_weather"], "required", "hermes", False), (["get_weather"], "required", "hermes", True),
+                     (["get_weather"], named, "hermes", False)]
 
 
 # --- results back ------------------------------------------------------------------------------------
