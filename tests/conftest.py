@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from specchat.llama.model import Model
+from specchat.llama.vocab import check_compatible
 from specchat.models.catalog import load_catalog
 from specchat.models.fetch import resolve
 
@@ -55,6 +56,16 @@ def qwen_paths() -> tuple[Path, Path]:
     catalog = load_catalog()
     pair = catalog.pair("qwen-coder-1.5b")
     return resolve(catalog.model(pair.target)), resolve(catalog.model(pair.draft))
+
+
+@pytest.fixture(scope="module")
+def pair(qwen_paths: tuple[Path, Path]):
+    """The default pair loaded, its draft checked against its target (a test module's own)."""
+    target, draft = Model(qwen_paths[0], n_ctx=2048), Model(qwen_paths[1], n_ctx=2048)
+    check_compatible(target, draft)
+    yield target, draft
+    draft.close()
+    target.close()
 
 
 @pytest.fixture(scope="module")

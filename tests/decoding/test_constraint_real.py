@@ -19,7 +19,6 @@ from specchat.decoding.toolgrammar import tool_constraint
 from specchat.llama.model import Model
 from specchat.llama.template import ChatPrompter, Message
 from specchat.llama.toolcalls import HERMES, format_of, parse
-from specchat.llama.vocab import check_compatible
 
 pytestmark = pytest.mark.real
 
@@ -38,14 +37,6 @@ def valid_weather(args: dict) -> bool:
     return (isinstance(args.get("city"), str) and 0 < len(args["city"]) <= 40 and isinstance(args.get("days"), int)
             and 1 <= args["days"] <= 14 and args.get("unit", "celsius") in ("celsius", "fahrenheit"))
 
-
-@pytest.fixture(scope="module")
-def pair(qwen_paths):
-    target, draft = Model(qwen_paths[0], n_ctx=2048), Model(qwen_paths[1], n_ctx=2048)
-    check_compatible(target, draft)
-    yield target, draft
-    draft.close()
-    target.close()
 
 
 def forced(model: Model, fmt=None):

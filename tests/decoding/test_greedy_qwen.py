@@ -18,7 +18,6 @@ from specchat.decoding.history import HistoryIndex
 from specchat.decoding.policy import CostCurve
 from specchat.llama.model import Model
 from specchat.llama.template import ChatPrompter, Message
-from specchat.llama.vocab import check_compatible
 
 pytestmark = pytest.mark.real
 
@@ -32,14 +31,6 @@ COPY = ("Copy this list exactly: the red cat sat, the red cat ran, the blue cat 
         "the red dog sat, the red dog ran, the blue dog sat, the blue dog ran.")
 FLAT = CostCurve([0.01] * 16)  # verifying more positions costs nothing more: auto guesses on any machine
 
-
-@pytest.fixture(scope="module")
-def pair(qwen_paths):
-    target, draft = Model(qwen_paths[0], n_ctx=2048), Model(qwen_paths[1], n_ctx=2048)
-    check_compatible(target, draft)
-    yield target, draft
-    draft.close()
-    target.close()
 
 
 # The draft on a rewrite and on an open question, and history on a rewrite (it and the draft guess at every
