@@ -334,7 +334,7 @@ def _generate(args: argparse.Namespace) -> int:
     with tools:
         for line in tools.start():
             warn(line)
-        schemas = tools.client.tools()
+        schemas = tools.schemas()
         rounds = 0
 
         def answer(conversation: list[Message], offered: bool) -> Any:
@@ -346,7 +346,7 @@ def _generate(args: argparse.Namespace) -> int:
             return service.chat(conversation, config, guesser, variables=variables, tools=schemas, tool_choice=choice)
 
         printer.print_all(agent_loop(
-            answer, messages, tools.client.call, (lambda _call: Choice.ONCE) if args.allow_tools else _ask_on_terminal,
+            answer, messages, tools.call, (lambda _call: Choice.ONCE) if args.allow_tools else _ask_on_terminal,
             args.tool_rounds))
     return 0
 
@@ -413,45 +413,15 @@ class _AnswerPrinter:
             self.thinking = False
 
 
-class _Tools:
-    """The configured MCP servers for `generate --tools`: started when entered, stopped when left."""
-
-    def __init__(self, config: Any) -> None:
-        from specchat.mcptools.client import McpClient
-
-        self.config, self.client = config, McpClient(config.timeout_s)
-
-    def start(self) -> list[str]:
-        """Each configured server started; a line for every problem (an entry left out, a server that did not start)."""
-        return [*self.config.problems, *self.client.start(self.config.servers)]
-
-    def __enter__(self) -> _Tools:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.client.close()
-
-
-def _tools(args: argparse.Namespace) -> _Tools:
-    from specchat.mcptools.config import load_config
-    from specchat.service.settings import default_config_path
+def _tools(args: argparse.Namespace) -> Any:
+    from specchat.mcptools.toolbox import configured
 
     if args.tool_rounds < 0:
         raise SpecchatError(f"--tool-rounds must be 0 or more, got {args.tool_rounds}")
     if not args.allow_tools and not sys.stdin.isatty():
         raise SpecchatError("--tools asks before each call, and stdin is not a terminal: add --allow-tools to run "
                             "the model's calls without asking")
-    try:
-        import mcp  # noqa: F401
-    except ImportError:
-        raise SpecchatError("--tools needs the MCP SDK: pip install 'specchat[tools]'") from None
-    config = load_config()
-    if not config.servers:
-        for problem in config.problems:
-            print(f"specchat: warning: {problem}", file=sys.stderr)
-        raise SpecchatError(f"--tools found no MCP server in {default_config_path()}: add one as [mcp.servers.NAME] with "
-                            "command and args, or url (docs/tools.md)")
-    return _Tools(config)
+    return configured()
 
 
 def _tool_choice(given: str) -> str | dict[str, Any]:
