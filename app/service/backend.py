@@ -52,10 +52,10 @@ class Backend(Protocol):
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
              cancel: threading.Event, think: bool | None = None,
-             tools: Sequence[dict[str, Any]] | None = None) -> Iterator[BackendEvent]:
+             tools: Sequence[dict[str, Any]] | None = None, tool_choice: str = "auto") -> Iterator[BackendEvent]:
         """Answer the last message; `think` turns a reasoning model's thinking on or off (None: as it does
         unasked), for a template with a switch (`thinking_switch`); `tools` (OpenAI function schemas) are
-        offered to the model, where the backend `offers_tools`."""
+        offered to the model, where the backend `offers_tools`, and `tool_choice` "required" makes it call one."""
 
     def count_tokens(self, text: str) -> int: ...
 

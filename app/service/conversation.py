@@ -10,6 +10,7 @@ tested headless.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -49,6 +50,16 @@ def against_plain(done: Done) -> str:
     if done.speedup is None:
         return ""
     return f"{done.speedup:.2f}x plain" + (f" (uncertain: the machine was busy, {done.busy_why})" if done.busy else "")
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """The tools a conversation offers the model, by name, and whether each reply must begin with a round of
+    calls (`call_first`: the first answer is made to call one, the next answers in words), for a model too small to
+    decide to call by itself."""
+
+    names: tuple[str, ...]
+    call_first: bool = False
 
 
 def calls_of(message: StoredMessage) -> tuple[ToolCall, ...]:
@@ -202,13 +213,15 @@ class ConversationController:
         self._add("tool", text, tool_call_id=call_id, stats={"refused": refused, "failed": failed})
 
     @property
-    def tools(self) -> list[str] | None:
-        """The tools this conversation offers the model, by name; None: tools are off."""
-        return self.store.tools(self.id)
+    def tools(self) -> ToolChoice | None:
+        """The tools this conversation offers the model; None: tools are off."""
+        stored = self.store.tools(self.id)
+        return ToolChoice(tuple(stored.get("names", ())), bool(stored.get("call_first"))) if stored is not None else None
 
     @tools.setter
-    def tools(self, names: Sequence[str] | None) -> None:
-        self.store.set_tools(self.id, names)
+    def tools(self, choice: ToolChoice | None) -> None:
+        self.store.set_tools(self.id, {"names": list(choice.names), "call_first": choice.call_first}
+                             if choice is not None else None)
 
     def fail(self) -> bool:
         """The generation failed: what streamed before stays, marked stopped; an empty answer goes.

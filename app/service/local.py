@@ -127,10 +127,10 @@ class LocalBackend:
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
              cancel: threading.Event, think: bool | None = None,
-             tools: Sequence[dict[str, Any]] | None = None) -> Iterator[BackendEvent]:
+             tools: Sequence[dict[str, Any]] | None = None, tool_choice: str = "auto") -> Iterator[BackendEvent]:
         with self._busy:
             yield from self.service.chat(messages, config, guesser, cancel, self.service.template_variables(think),
-                                         tools=tools or None)
+                                         tools=tools or None, tool_choice=tool_choice if tools else None)
 
     def close(self) -> None:
         with self._busy:

@@ -186,7 +186,7 @@ class RemoteBackend:
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
              cancel: threading.Event, think: bool | None = None,
-             tools: Sequence[dict[str, Any]] | None = None) -> Iterator[BackendEvent]:
+             tools: Sequence[dict[str, Any]] | None = None, tool_choice: str = "auto") -> Iterator[BackendEvent]:
         with self._busy:
             if self._client is None:
                 raise SpecchatError(f"not connected to {self.root}")

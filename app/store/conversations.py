@@ -92,7 +92,7 @@ MIGRATIONS = [
         "CREATE INDEX messages_by_parent ON messages(parent_id)",
     ),
     # 7: tools. An answer's calls (JSON: a list of {id, name, arguments}), the call a `tool` message answers, and
-    # which tools a conversation offers the model (JSON: a list of names; NULL: none, tools off).
+    # which tools a conversation offers the model (JSON, the service's; NULL: tools off).
     """
     ALTER TABLE messages ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';
     ALTER TABLE messages ADD COLUMN tool_call_id TEXT NOT NULL DEFAULT '';
@@ -355,14 +355,14 @@ class Store:
                                                         thinking, json.dumps(list(tool_calls)) if tool_calls else "",
                                                         message_id))
 
-    def tools(self, conversation_id: int) -> list[str] | None:
-        """The names of the tools this conversation offers the model; None: tools are off."""
+    def tools(self, conversation_id: int) -> dict | None:
+        """The tools this conversation offers the model, as `set_tools` was given them; None: tools are off."""
         row = self.db.execute("SELECT tools FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         return json.loads(row[0]) if row and row[0] is not None else None
 
-    def set_tools(self, conversation_id: int, names: Sequence[str] | None) -> None:
+    def set_tools(self, conversation_id: int, tools: dict | None) -> None:
         self.db.execute("UPDATE conversations SET tools = ? WHERE id = ?",
-                        (json.dumps(list(names)) if names is not None else None, conversation_id))
+                        (json.dumps(tools) if tools is not None else None, conversation_id))
 
     def delete_message(self, message_id: int) -> None:
         """Delete a message and the branches that follow it; the conversation then shows the branch it

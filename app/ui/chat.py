@@ -30,7 +30,7 @@ from specchat.llama.template import Message
 from specchat.mcptools.agent import RoundsSpent, ToolRan
 from specchat.service import choices
 from specchat.service.choices import generation
-from specchat.service.conversation import ConversationController, thinking_line
+from specchat.service.conversation import ConversationController, ToolChoice, thinking_line
 from specchat.service.documents import read_document
 from specchat.service.events import BackendEvent
 from specchat.store.conversations import StoredMessage
@@ -319,13 +319,14 @@ class ChatScreen(Screen[None]):
         self._answer = (view, [])
 
     @work(thread=True, group="generate")
-    def _generate(self, messages: list[Message], think: bool | None, tools: list[str] | None) -> None:
+    def _generate(self, messages: list[Message], think: bool | None, tools: ToolChoice | None) -> None:
         app, settings = self.chat_app, self.chat_app.settings
         assert app.backend is not None
         backend, config = app.backend, generation(settings)
 
-        def answer(conversation: Sequence[Message], offered: list[dict[str, Any]] | None) -> Iterator[BackendEvent]:
-            return backend.chat(conversation, config, settings.guesser, self.cancel, think, offered)
+        def answer(conversation: Sequence[Message], offered: list[dict[str, Any]] | None,
+                   choice: str = "auto") -> Iterator[BackendEvent]:
+            return backend.chat(conversation, config, settings.guesser, self.cancel, think, offered, choice)
 
         if tools is None:
             Pump(self).run(answer(messages, None))
@@ -624,11 +625,13 @@ class ChatScreen(Screen[None]):
         elif self.conversation is not None:
             app.call_from_thread(app.push_screen, ToolsScreen(described, self.conversation.tools), self._tools_chosen)
 
-    def _tools_chosen(self, names: list[str] | None) -> None:
-        if names is None or self.conversation is None:
+    def _tools_chosen(self, choice: ToolChoice | None) -> None:
+        if choice is None or self.conversation is None:
             return
-        self.conversation.tools = names or None
-        self.status(f"tools for this conversation: {', '.join(names)}" if names else "tools off for this conversation")
+        self.conversation.tools = choice if choice.names else None
+        self.status(f"tools for this conversation: {', '.join(choice.names)}"
+                    + (" · each reply calls one first" if choice.call_first else "") if choice.names else
+                    "tools off for this conversation")
 
     def action_new_chat(self) -> None:
         self.open(ConversationController.new(self.chat_app.store))

@@ -16,29 +16,37 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, SelectionList, Static
+from textual.widgets import Button, Checkbox, Label, SelectionList, Static
 
 from specchat.llama.template import Message, ToolCall
 from specchat.mcptools.agent import Choice, agent_loop
+from specchat.service.conversation import ToolChoice
 from specchat.service.events import Notice
 
 if TYPE_CHECKING:
     from specchat.ui.app import SpecchatApp
 
-Answer = Callable[[Sequence[Message], "list[dict[str, Any]] | None"], Iterator[Any]]
+Answer = Callable[[Sequence[Message], "list[dict[str, Any]] | None", str], Iterator[Any]]
 
 
-def with_tools(app: SpecchatApp, messages: Sequence[Message], names: Sequence[str], answer: Answer, rounds: int,
+def with_tools(app: SpecchatApp, messages: Sequence[Message], choice: ToolChoice, answer: Answer, rounds: int,
                always: MutableSet[str], cancel: threading.Event) -> Iterator[Any]:
-    """The agent loop over `answer(conversation, tools)` (in a worker thread), offering the tools `names` lists;
-    the servers are started first where they are not yet, a Notice for each that did not start."""
+    """The agent loop over `answer(conversation, tools, tool_choice)` (in a worker thread), offering the tools
+    `choice` names, at most `rounds` rounds of calls (`call_first`: the first answer must call, and the next is in
+    words); the servers are started first where they are not yet, a Notice for each that did not start."""
     box, problems = app.start_toolbox()
     for line in problems:
         yield Notice(line)
-    schemas = box.schemas(names)
-    yield from agent_loop(lambda conversation, offered: answer(conversation, schemas if offered else None), messages,
-                          box.call, lambda call: ask_from_worker(app, call, box.server_of(call.name), cancel), rounds,
-                          always)
+    schemas, answers = box.schemas(choice.names), 0
+
+    def one(conversation: Sequence[Message], offered: bool) -> Iterator[Any]:
+        nonlocal answers
+        answers += 1
+        return answer(conversation, schemas if offered else None,
+                      "required" if choice.call_first and answers == 1 else "auto")
+
+    yield from agent_loop(one, messages, box.call, lambda call: ask_from_worker(app, call, box.server_of(call.name), cancel),
+                          1 if choice.call_first else rounds, always)
 
 
 def _arguments(arguments: str) -> str:
@@ -96,22 +104,26 @@ def _close_question(app: App) -> None:
         app.screen.dismiss(Choice.REFUSE)
 
 
-class ToolsScreen(ModalScreen["list[str] | None"]):
-    """The tools this conversation offers the model: each configured tool, ticked or not. Enter saves (none
-    ticked: tools off), Esc leaves them as they were. Dismissed with the names ticked, or None for no change."""
+class ToolsScreen(ModalScreen["ToolChoice | None"]):
+    """The tools this conversation offers the model: each configured tool, ticked or not, and whether each reply
+    begins with a call. Enter saves (none ticked: tools off), Esc leaves them as they were (dismissed with None)."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("enter", "save", "Save", priority=True),
                 Binding("ctrl+a", "all", "All")]
 
-    def __init__(self, tools: list[tuple[str, str]], chosen: list[str] | None) -> None:
+    def __init__(self, tools: list[tuple[str, str]], chosen: ToolChoice | None) -> None:
         super().__init__()
         self.tools, self.chosen = tools, chosen  # (name, description) each; the conversation's choice (None: off)
 
     def compose(self) -> ComposeResult:
+        ticked = self.chosen.names if self.chosen is not None else ()
         with Vertical(classes="dialog"):
             yield Label("Tools for this conversation", classes="dialog-title")
-            yield SelectionList[str](*((f"{name}  {description[:60]}", name, self.chosen is not None and name in self.chosen)
+            yield SelectionList[str](*((f"{name}  {description[:60]}", name, name in ticked)
                                        for name, description in self.tools), id="tool-list")
+            yield Checkbox("Call first: each reply begins with a call, then answers in words (for a small model, "
+                           "which will not decide to call by itself)", self.chosen is not None and self.chosen.call_first,
+                           id="call-first")
             yield Static("Space ticks a tool · Ctrl+A ticks all · Enter saves (none ticked: tools off) · Esc cancels",
                          classes="hint")
 
@@ -122,7 +134,7 @@ class ToolsScreen(ModalScreen["list[str] | None"]):
         self.query_one(SelectionList).select_all()
 
     def action_save(self) -> None:
-        self.dismiss(list(self.query_one(SelectionList).selected))
+        self.dismiss(ToolChoice(tuple(self.query_one(SelectionList).selected), self.query_one(Checkbox).value))
 
     def action_cancel(self) -> None:
         self.dismiss(None)

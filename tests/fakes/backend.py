@@ -42,6 +42,7 @@ class FakeBackend:
         self.calls: list[tuple[list[Message], str]] = []
         self.thinks: list[bool | None] = []  # each call's thinking switch
         self.offered: list[list[str]] = []  # each call's tools, by name
+        self.tool_choices: list[str] = []  # and its tool choice
         # What the model calls when it is offered tools: each answer takes the first entry (its calls), its Done
         # then ending with reason "tool_calls", as the conversation service's does.
         self.tool_script: list[tuple[ToolCall, ...]] = []
@@ -91,10 +92,11 @@ class FakeBackend:
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
              cancel: threading.Event, think: bool | None = None,
-             tools: Sequence[dict] | None = None) -> Iterator[BackendEvent]:
+             tools: Sequence[dict] | None = None, tool_choice: str = "auto") -> Iterator[BackendEvent]:
         self.calls.append((list(messages), guesser))
         self.thinks.append(think)
         self.offered.append([t["function"]["name"] for t in tools or ()])
+        self.tool_choices.append(tool_choice)
         calls = self.tool_script.pop(0) if tools and self.tool_script else ()
         self._note("start", +1)
         done = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specchat.decoding.events import Done, Stats
 from specchat.llama.template import ToolCall
-from specchat.service.conversation import ConversationController
+from specchat.service.conversation import ConversationController, ToolChoice
 from specchat.store.conversations import Store
 
 CALL = ToolCall("notes__read_note", '{"name": "groceries"}', "call_1")
@@ -37,10 +37,10 @@ def test_tools_are_chosen_per_conversation_and_off_by_default(tmp_path):
     store = Store(tmp_path / "chat.db")
     one, two = ConversationController.new(store), ConversationController.new(store)
     assert one.tools is None
-    one.tools = ["notes__read_note"]
-    assert (one.tools, two.tools) == (["notes__read_note"], None)
-    one.tools = []  # on, with every tool unticked: offered nothing, yet not the same as off
-    assert ConversationController(store, one.id).tools == []
+    one.tools = ToolChoice(("notes__read_note",))
+    assert (one.tools, two.tools) == (ToolChoice(("notes__read_note",), call_first=False), None)
+    one.tools = ToolChoice((), call_first=True)  # on, with every tool unticked: offered nothing, yet not off
+    assert ConversationController(store, one.id).tools == ToolChoice((), True)
     one.tools = None
     assert one.tools is None
 

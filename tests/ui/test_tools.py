@@ -10,7 +10,7 @@ import sys
 import pytest
 from fakes import FakeBackend
 from pilot import answered, make_app, send, until
-from textual.widgets import Collapsible, Static
+from textual.widgets import Checkbox, Collapsible, Static
 
 from specchat.llama.template import ToolCall
 from specchat.mcptools.agent import REFUSED
@@ -54,7 +54,7 @@ async def test_a_call_allowed_runs_and_its_result_is_stored_shown_folded_and_ans
     app = make_app(tmp_path, backend, toolbox_factory=lambda: toolbox())
     async with app.run_test(size=(140, 50)) as pilot:
         await choose_all_tools(pilot, app)
-        assert "echo" in app.chat.conversation.tools and "block" in app.chat.conversation.tools
+        assert {"echo", "block"} <= set(app.chat.conversation.tools.names)
         await send(pilot, app, "What does echo say?")
         question = await asked(pilot, app)
         assert "echo" in str(question.query_one("#tool-arguments", Static).render()) or question.call == ECHO
@@ -69,6 +69,7 @@ async def test_a_call_allowed_runs_and_its_result_is_stored_shown_folded_and_ans
         second, _ = backend.calls[1]
         assert [(m.role, m.content) for m in second[-2:]][-1] == ("tool", "saffron and eggs")
         assert "echo" in backend.offered[0] and "echo" in backend.offered[1]
+        assert backend.tool_choices == ["auto", "auto"]  # the model decided to call
         view = app.chat.query_one(ToolView)
         assert view.call == 'echo({"text": "saffron and eggs"})' and view.query_one(Collapsible).collapsed
         assert not app.generating
@@ -148,3 +149,25 @@ async def test_tools_stay_off_until_chosen_and_nothing_starts(tmp_path):
         await send(pilot, app, "Hello")
         await until(pilot, lambda: answered(app), "the answer")
         assert backend.offered == [[]] and roles(app) == ["user", "assistant"] and started == []
+
+
+async def test_call_first_makes_the_first_answer_call_and_the_next_answer_in_words(tmp_path):
+    """For a model too small to decide to call (the default 1.5B writes its call as a json block): the first
+    answer is asked to call (tool_choice "required", a grammar in the real service), the next is offered no tools."""
+    backend = FakeBackend("The note says saffron and eggs.")
+    backend.tool_script = [(ECHO,)]
+    app = make_app(tmp_path, backend, toolbox_factory=lambda: toolbox())
+    async with app.run_test(size=(140, 50)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        await pilot.press("f5")
+        await until(pilot, lambda: isinstance(app.screen, ToolsScreen), "the tools dialog", timeout=60)
+        app.screen.query_one(Checkbox).value = True
+        await pilot.press("ctrl+a", "enter")
+        await until(pilot, lambda: app.chat.conversation.tools, "the tools chosen")
+        assert app.chat.conversation.tools.call_first
+        await send(pilot, app, "What does echo say?")
+        await asked(pilot, app)
+        await pilot.press("y")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the answer after the call", timeout=60)
+        assert backend.tool_choices == ["required", "auto"] and "echo" in backend.offered[0] and backend.offered[1] == []
+        assert roles(app) == ["user", "assistant", "tool", "assistant"]
