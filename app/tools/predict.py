@@ -17,7 +17,7 @@ from specchat.decoding.guessers import BaseGuesser, Proposal
 from specchat.decoding.guessers.copying import lookup_match, matches
 from specchat.decoding.policy import MATCH_BUCKETS, CostCurve, best_length, match_bucket
 from specchat.decoding.sampling import SamplingConfig
-from specchat.tools.corpus import Answer
+from specchat.tools.recorded import Answer
 from specchat.tools.replay import oracle_lookup_seconds
 
 # What a controller knows at answer position i before verifying a copy of the token there:

@@ -23,8 +23,9 @@ from specchat.decoding.policy import (
     tree_tokens,
 )
 from specchat.decoding.sampling import SamplingConfig
-from specchat.tools.corpus import Answer, auto_for, replay
-from specchat.tools.replay import lookup_hits_by_match, modelled_seconds, oracle_lookup_seconds
+from specchat.tools.judging import auto_for
+from specchat.tools.recorded import Answer
+from specchat.tools.replay import lookup_hits_by_match, modelled_seconds, oracle_lookup_seconds, replay
 
 # Shapes measured on this project's machines: a 2-core CPU, where verifying 5 positions costs
 # about 3.6 single steps, and a GPU-like curve that is nearly flat.
