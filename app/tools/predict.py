@@ -18,7 +18,7 @@ from specchat.decoding.guessers.copying import lookup_match, matches
 from specchat.decoding.policy import MATCH_BUCKETS, CostCurve, best_length, match_bucket
 from specchat.decoding.sampling import SamplingConfig
 from specchat.tools.recorded import Answer
-from specchat.tools.replay import oracle_lookup_seconds
+from specchat.tools.replay import lookup_copy, oracle
 
 # What a controller knows at answer position i before verifying a copy of the token there:
 SIGNALS = {
@@ -189,5 +189,5 @@ class Checked(Predicted):
 def own_copy_oracle(answer: Answer, curve: CostCurve) -> float:
     """Seconds for a controller that copies from where prompt lookup copies (the longest earlier match, the
     latest among equals) and knows how many of its tokens will hold: the bound for choosing how much of
-    lookup's copy to send, where the corpus oracle also picks the best place to copy from with hindsight."""
-    return oracle_lookup_seconds(answer.seq, len(answer.prompt), curve, max_ngram=32)
+    lookup's copy to send, where the oracle also picks the best place to copy from with hindsight."""
+    return oracle(answer, curve, draft=False, copies=lookup_copy)

@@ -1,8 +1,8 @@
 """What a guesser would have done on a fixed text: its every guess's fate can be read off the text
 (`specchat.tools.recorded` says why, greedy or sampled), so speculation can be replayed, costed on a cost
-curve and bounded by an oracle, without timing noise. `bench/corpus` judges auto on recorded answers by
-`replay` and `oracle`, `bench` on plain's answer by `modelled_seconds` and `oracle_lookup_seconds`, and
-`measure` counts tokens per step by `replay_greedy` and `replay_lookup`.
+curve and bounded by an oracle, without timing noise. `bench` judges auto on plain's answer by `replay`
+and `oracle`, `bench/corpus` judges it on recorded answers by the same two, and `measure` counts tokens
+per step by `replay_greedy` and `replay_lookup`.
 """
 
 from __future__ import annotations
@@ -50,39 +50,6 @@ def replay_lookup(seq: Sequence[int], start: int, max_ngram: int = 3, num: int =
         i += accepted(lookup(seq[:i], num, max_ngram), seq, i) + 1
         steps += 1
     return len(seq) - start, steps
-
-
-def oracle_lookup_seconds(seq: Sequence[int], start: int, curve: CostCurve, max_ngram: int = 3) -> float:
-    """Decode time of seq[start:] for a controller that knows, at every step, how many of prompt
-    lookup's guesses the target will accept, and drafts as many of those as cost least per token (none
-    if copying does not pay: on a curve measured on a busy machine verifying two can cost more than two
-    plain steps, and a bound that copied anyway fell below plain decoding)."""
-    i, seconds = start, 0.0
-    while i < len(seq):
-        r = accepted(lookup(seq[:i], 64, max_ngram), seq, i)
-        sizes = np.arange(1, r + 2)
-        steps = curve.verify(sizes)
-        j = int(np.argmin(steps / sizes))  # guesses kept: j + 1 tokens this step
-        seconds += float(steps[j])
-        i += j + 1
-    return seconds
-
-
-def modelled_seconds(seq: Sequence[int], start: int, guesser: Guesser, curve: CostCurve) -> float:
-    """Decode time of seq[start:] under the guesser's own choices (greedy), if every step cost
-    what the curve says: the controller's decisions judged without timing noise, on the same
-    text and curve as the oracle bound. The guesser learns as it would live."""
-    rng, greedy = np.random.default_rng(0), SamplingConfig()
-    guesser.prepare(seq[:start])
-    i, seconds = start, 0.0
-    while i < len(seq):
-        guess = guesser.propose(seq[:i], min(guesser.default_draft_length, len(seq) - i - 1), greedy, rng)
-        r = accepted(guess.tokens, seq, i)
-        step = float(curve.verify(len(guess.tokens) + 1))
-        guesser.observe(len(guess.tokens), r, 0.0)
-        seconds += step
-        i += r + 1
-    return seconds
 
 
 def replay(answer: Answer, curve: CostCurve, guesser: Guesser) -> tuple[float, int]:

@@ -6,15 +6,34 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specchat.decoding.guessers import BaseGuesser, Proposal
+from specchat.decoding.guessers import AutoGuesser, BaseGuesser, Proposal
 from specchat.decoding.policy import CostCurve, Rollback
 from specchat.decoding.sampling import SamplingConfig
 from specchat.tools.recorded import Answer
-from specchat.tools.replay import lookup_copy, oracle, replay
+from specchat.tools.replay import lookup_copy, lookup_hits_by_match, oracle, replay
 
 CPU = CostCurve([1.0, 1.57, 2.07, 2.7, 3.22, 3.55, 3.97, 4.4, 4.77, 4.97, 5.04, 5.11, 5.14, 5.18, 5.21, 5.26], 0.54)
 FLAT = CostCurve([1.0 + 0.02 * n for n in range(16)], 0.1)
+GPU = CostCurve([0.010 + 0.0002 * n for n in range(16)], draft_s=0.001)
 PROMPT = tuple(range(1, 21))
+
+
+def test_lookup_hits_by_match_length():
+    # After "1 2 3 4", the answer "1 2 3 5": a 1-, 2- and 3-token match, the last one guessing wrong.
+    assert lookup_hits_by_match([1, 2, 3, 4, 1, 2, 3, 5], 4) == [(1, True), (2, True), (3, False)]
+
+
+def test_modelled_time_of_auto_on_a_fixed_text():
+    curve = CostCurve(list(GPU.verify_s), GPU.draft_s)
+    plain = 20 * float(curve.verify(1))
+    # An answer that copies the prompt: auto's guesses land, and the modelled time falls well below plain.
+    copied = Answer("rewrite", "fit", 0.0, PROMPT, PROMPT)
+    seconds, _ = replay(copied, curve, AutoGuesser(CostCurve(list(curve.verify_s))))
+    assert seconds < plain / 2 and seconds >= oracle(copied, curve) - 1e-9
+    # An answer with nothing to copy: every step is a plain one.
+    fresh = Answer("open", "fit", 0.0, PROMPT, tuple(range(21, 41)))
+    seconds, steps = replay(fresh, curve, AutoGuesser(CostCurve(list(curve.verify_s))))
+    assert seconds == pytest.approx(plain) and steps == 20
 
 
 class Wrong(BaseGuesser):
@@ -58,6 +77,18 @@ def test_the_oracle_takes_the_draft_only_where_its_tokens_are_cheap_enough():
     assert oracle(a, FLAT, draft=False) == pytest.approx(plain)
     # Where a draft token costs 0.54 of a step and verifying 4 costs 2.7, even a 90% draft only just pays.
     assert plain / oracle(a, CPU) < 1.1
+
+
+def test_the_oracle_bound_is_never_slower_than_plain_decoding():
+    """Knowing what the target accepts, the oracle copies only where that costs less per token: on a
+    curve from a busy machine, where verifying two positions costs more than two plain steps, it decodes
+    plainly (copying every accepted guess gave 0.89x plain in CI)."""
+    busy = CostCurve([0.02, 0.05, 0.07, 0.075] + [0.08] * 12)
+    # "5 6" stands in the prompt: both would hold, but 3 positions cost 0.07 against 3 plain steps' 0.06.
+    assert oracle(Answer("edit", "fit", 0.0, PROMPT, (5, 6, 30, 31)), busy) == pytest.approx(4 * 0.02)
+    copied = Answer("rewrite", "fit", 0.0, PROMPT, PROMPT)
+    assert oracle(copied, busy) < 20 * 0.02  # long copies still pay
+    assert oracle(copied, CPU) <= 20 * float(CPU.verify(1))
 
 
 def test_the_oracle_knows_where_a_copy_starts_and_lookups_own_copy_does_not():
