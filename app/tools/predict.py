@@ -39,6 +39,11 @@ def _logit(p: np.ndarray | float) -> np.ndarray:
     return np.log(p / (1 - p))
 
 
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """The logistic model's probability from its log-odds (the inverse of _logit, unclipped)."""
+    return 1 / (1 + np.exp(-z))
+
+
 @functools.lru_cache(maxsize=512)
 def position_signals(answer: Answer, cap: int = 32) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """Per answer position: each of SIGNALS as known there, the match-length bucket of the copy prompt lookup
@@ -106,7 +111,7 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, iterations: int 
     stays finite."""
     w = np.zeros(x.shape[1])
     for _ in range(iterations):
-        p = 1 / (1 + np.exp(-(x @ w)))
+        p = _sigmoid(x @ w)
         grad = x.T @ (p - y) + l2 * w
         hess = (x * (p * (1 - p))[:, None]).T @ x + l2 * np.eye(len(w))
         step = np.linalg.solve(hess, grad)
@@ -118,12 +123,8 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, iterations: int 
 
 def log_loss(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
     """Mean bits per event of the model's predictions."""
-    p = np.clip(1 / (1 + np.exp(-(x @ w))), 1e-9, 1 - 1e-9)
+    p = np.clip(_sigmoid(x @ w), 1e-9, 1 - 1e-9)
     return float(-np.mean(y * np.log2(p) + (1 - y) * np.log2(1 - p)))
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-z))
 
 
 class Predicted(BaseGuesser):
@@ -132,7 +133,7 @@ class Predicted(BaseGuesser):
     know there (the signals are of the text before the position), and no loss budget holds it back: its
     share of the oracle's gain says what better prediction alone could take, beside auto's."""
 
-    name = "lookup"
+    name = "predicted"
     default_draft_length = 16
 
     def __init__(self, answer: Answer, weights: np.ndarray, signals: Sequence[str], curve: CostCurve) -> None:
@@ -147,7 +148,9 @@ class Predicted(BaseGuesser):
             return Proposal.empty()
         tokens, alphas = self.weigh(at, *lookup_match(context, k, 32))
         n, _ = best_length(alphas, self.curve, 0.0)
-        return Proposal(tokens[:n], None, "lookup")
+        # Its own label, not lookup's: what it sends is lookup's copy, but cut by a model no guesser has. As a
+        # copy, it drafts nothing: the replay charges its verification only.
+        return Proposal(tokens[:n], None, self.name)
 
     def weigh(self, at: int, tokens: list[int], m: int) -> tuple[list[int], np.ndarray]:
         """The copied tokens worth weighing at answer position `at` after an m-token match, and their acceptance."""
