@@ -25,14 +25,8 @@ from specchat.service.chat import ChatService
 from specchat.service.choices import ModelChoice
 from specchat.service.local import open_local
 from specchat.tools.promptsets import load_prompts
-from specchat.tools.replay import (
-    lookup_2gram_hits,
-    lookup_hits_by_match,
-    position_probs,
-    replay_greedy,
-    replay_lookup,
-    tokens_per_step_formula,
-)
+from specchat.tools.reading import position_probs
+from specchat.tools.replay import lookup_2gram_hits, lookup_hits_by_match, replay_greedy, replay_lookup, tokens_per_step_formula
 
 
 def _answer(service: ChatService, text: str, max_tokens: int, sampling: SamplingConfig) -> tuple[list[int], list[int]]:

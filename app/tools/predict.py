@@ -17,8 +17,8 @@ from specchat.decoding.guessers import BaseGuesser, Proposal
 from specchat.decoding.guessers.copying import lookup_match, matches
 from specchat.decoding.policy import MATCH_BUCKETS, CostCurve, best_length, match_bucket
 from specchat.decoding.sampling import SamplingConfig
-from specchat.tools.corpus import Answer
-from specchat.tools.replay import oracle_lookup_seconds
+from specchat.tools.recorded import Answer
+from specchat.tools.replay import lookup_copy, oracle
 
 # What a controller knows at answer position i before verifying a copy of the token there:
 SIGNALS = {
@@ -37,6 +37,11 @@ SIGNALS = {
 def _logit(p: np.ndarray | float) -> np.ndarray:
     p = np.clip(np.asarray(p, dtype=np.float64), 1e-3, 1 - 1e-3)
     return np.log(p / (1 - p))
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """The logistic model's probability from its log-odds (the inverse of _logit, unclipped)."""
+    return 1 / (1 + np.exp(-z))
 
 
 @functools.lru_cache(maxsize=512)
@@ -106,7 +111,7 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, iterations: int 
     stays finite."""
     w = np.zeros(x.shape[1])
     for _ in range(iterations):
-        p = 1 / (1 + np.exp(-(x @ w)))
+        p = _sigmoid(x @ w)
         grad = x.T @ (p - y) + l2 * w
         hess = (x * (p * (1 - p))[:, None]).T @ x + l2 * np.eye(len(w))
         step = np.linalg.solve(hess, grad)
@@ -118,12 +123,8 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, iterations: int 
 
 def log_loss(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
     """Mean bits per event of the model's predictions."""
-    p = np.clip(1 / (1 + np.exp(-(x @ w))), 1e-9, 1 - 1e-9)
+    p = np.clip(_sigmoid(x @ w), 1e-9, 1 - 1e-9)
     return float(-np.mean(y * np.log2(p) + (1 - y) * np.log2(1 - p)))
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-z))
 
 
 class Predicted(BaseGuesser):
@@ -132,7 +133,7 @@ class Predicted(BaseGuesser):
     know there (the signals are of the text before the position), and no loss budget holds it back: its
     share of the oracle's gain says what better prediction alone could take, beside auto's."""
 
-    name = "lookup"
+    name = "predicted"
     default_draft_length = 16
 
     def __init__(self, answer: Answer, weights: np.ndarray, signals: Sequence[str], curve: CostCurve) -> None:
@@ -147,7 +148,9 @@ class Predicted(BaseGuesser):
             return Proposal.empty()
         tokens, alphas = self.weigh(at, *lookup_match(context, k, 32))
         n, _ = best_length(alphas, self.curve, 0.0)
-        return Proposal(tokens[:n], None, "lookup")
+        # Its own label, not lookup's: what it sends is lookup's copy, but cut by a model no guesser has. As a
+        # copy, it drafts nothing: the replay charges its verification only.
+        return Proposal(tokens[:n], None, self.name)
 
     def weigh(self, at: int, tokens: list[int], m: int) -> tuple[list[int], np.ndarray]:
         """The copied tokens worth weighing at answer position `at` after an m-token match, and their acceptance."""
@@ -189,5 +192,5 @@ class Checked(Predicted):
 def own_copy_oracle(answer: Answer, curve: CostCurve) -> float:
     """Seconds for a controller that copies from where prompt lookup copies (the longest earlier match, the
     latest among equals) and knows how many of its tokens will hold: the bound for choosing how much of
-    lookup's copy to send, where the corpus oracle also picks the best place to copy from with hindsight."""
-    return oracle_lookup_seconds(answer.seq, len(answer.prompt), curve, max_ngram=32)
+    lookup's copy to send, where the oracle also picks the best place to copy from with hindsight."""
+    return oracle(answer, curve, draft=False, copies=lookup_copy)

@@ -1,20 +1,20 @@
-"""What a guesser would have done on a fixed text: greedy answers make every guess's fate readable
-off the text, so speculation can be replayed, costed on a cost curve and bounded by an oracle,
-without timing noise. The measuring commands (`bench`, `measure`) build on these.
+"""What a guesser would have done on a fixed text: its every guess's fate can be read off the text
+(`specchat.tools.recorded` says why, greedy or sampled), so speculation can be replayed, costed on a cost
+curve and bounded by an oracle, without timing noise. `bench` judges auto on plain's answer by `replay`
+and `oracle`, `bench/corpus` judges it on recorded answers by the same two, and `measure` counts tokens
+per step by `replay_greedy` and `replay_lookup`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from specchat.decoding.guessers import Guesser, lookup, lookup_match
 from specchat.decoding.policy import CostCurve, expected_tokens
 from specchat.decoding.sampling import SamplingConfig
-
-if TYPE_CHECKING:  # replaying needs no llama.cpp
-    from specchat.llama.model import Model
+from specchat.tools.recorded import Answer
 
 
 def tokens_per_step_formula(alpha: float, k: int) -> float:
@@ -52,37 +52,81 @@ def replay_lookup(seq: Sequence[int], start: int, max_ngram: int = 3, num: int =
     return len(seq) - start, steps
 
 
-def oracle_lookup_seconds(seq: Sequence[int], start: int, curve: CostCurve, max_ngram: int = 3) -> float:
-    """Decode time of seq[start:] for a controller that knows, at every step, how many of prompt
-    lookup's guesses the target will accept, and drafts as many of those as cost least per token (none
-    if copying does not pay: on a curve measured on a busy machine verifying two can cost more than two
-    plain steps, and a bound that copied anyway fell below plain decoding)."""
-    i, seconds = start, 0.0
-    while i < len(seq):
-        r = accepted(lookup(seq[:i], 64, max_ngram), seq, i)
-        sizes = np.arange(1, r + 2)
-        steps = curve.verify(sizes)
-        j = int(np.argmin(steps / sizes))  # guesses kept: j + 1 tokens this step
-        seconds += float(steps[j])
-        i += j + 1
-    return seconds
-
-
-def modelled_seconds(seq: Sequence[int], start: int, guesser: Guesser, curve: CostCurve) -> float:
-    """Decode time of seq[start:] under the guesser's own choices (greedy), if every step cost
-    what the curve says: the controller's decisions judged without timing noise, on the same
-    text and curve as the oracle bound. The guesser learns as it would live."""
-    rng, greedy = np.random.default_rng(0), SamplingConfig()
+def replay(answer: Answer, curve: CostCurve, guesser: Guesser) -> tuple[float, int]:
+    """Seconds the answer takes under the guesser's choices, every step costed by the curve (as auto's own
+    account costs it: drafting, verifying, and taking back what a cache cannot drop), and steps. The guesser
+    learns as it would live, at the answer's temperature; under a seed, so its account is by the curve too."""
+    seq, start = answer.seq, len(answer.prompt)
+    sampling = SamplingConfig(answer.temperature, seed=0)
+    rng = np.random.default_rng(0)
     guesser.prepare(seq[:start])
-    i, seconds = start, 0.0
+    i, seconds, steps = start, 0.0, 0
     while i < len(seq):
-        guess = guesser.propose(seq[:i], min(guesser.default_draft_length, len(seq) - i - 1), greedy, rng)
+        guess = guesser.propose(seq[:i], min(guesser.default_draft_length, len(seq) - i - 1), sampling, rng)
         r = accepted(guess.tokens, seq, i)
-        step = float(curve.verify(len(guess.tokens) + 1))
-        guesser.observe(len(guess.tokens), r, 0.0)
+        drafting = len(guess.tokens) * curve.token_s(guess.guesser) if guess.guesser in ("draft", "mtp") else 0.0
+        step = curve.spent_s(len(guess.tokens), r, drafting)
+        guesser.observe(len(guess.tokens), r, drafting)
         seconds += step
         i += r + 1
+        steps += 1
+    return seconds, steps
+
+
+# Where a controller that knows the future may copy from: given the text and a position i, how many of the
+# tokens from seq[i] on its copy would guess.
+Copies = Callable[[Sequence[int], int], int]
+
+
+def longest_copy(seq: Sequence[int], i: int, cap: int = 64) -> int:
+    """How many of the tokens from seq[i] on the best copy of the text before i would have guessed: the
+    longest run of them that stands anywhere earlier (ending before i, where a copy can read it)."""
+    arr = np.asarray(seq, dtype=np.int64)
+    starts = np.flatnonzero(arr[:i] == arr[i]) if i < len(arr) else np.zeros(0, np.int64)
+    best = 0
+    for j in starts:  # vectorizing over starts buys little: a text has few earlier places per token
+        n = min(cap, i - j, len(arr) - i)
+        same = arr[j:j + n] == arr[i:i + n]
+        best = max(best, n if same.all() else int(same.argmin()))
+    return best
+
+
+def lookup_copy(seq: Sequence[int], i: int) -> int:
+    """How many of the tokens from seq[i] on prompt lookup's own copy would have guessed: the one after the
+    longest earlier match of the text before i (up to 32 tokens), the latest among equals."""
+    return accepted(lookup(seq[:i], 64, 32), seq, i)
+
+
+def oracle(answer: Answer, curve: CostCurve, draft: bool = True, copies: Copies = longest_copy) -> float:
+    """Seconds for a controller that knows, at every step, how many of the upcoming tokens its copy would
+    guess (by default the longest run any copy of earlier text would) and how many of the draft model's
+    guesses the target will keep (greedy answers with a recorded draft, unless `draft` is off), and sends
+    whichever costs least per token (nothing if none pays: on a curve measured on a busy machine verifying
+    two can cost more than two plain steps). It sees the future but chooses step by step, so it is the
+    yardstick auto's share is measured against, not a proof that nothing could do better."""
+    seq, start = answer.seq, len(answer.prompt)
+    guesses = answer.draft_guess if draft and answer.temperature == 0 else ()
+    i, seconds = start, 0.0
+    while i < len(seq):
+        runs = [(copies(seq, i), 0.0)]
+        if guesses:
+            runs.append((accepted(guesses[i - start:i - start + 16], seq, i), curve.draft_s))
+        step, kept = _cheapest_step(curve, runs)
+        seconds += step
+        i += kept + 1
     return seconds
+
+
+def _cheapest_step(curve: CostCurve, runs: Sequence[tuple[int, float]]) -> tuple[float, int]:
+    """Of a plain step and sending the first j guesses of each run (j guesses that will all be kept, each
+    drafted at that run's cost per token), the one that costs least per token made, the first among equals:
+    its seconds and the guesses it keeps."""
+    kept = [np.arange(1, r + 1) for r, _ in runs]
+    seconds = np.concatenate([curve.verify(np.arange(1, 2)),
+                              *(j * token_s + curve.verify(j + 1) for j, (_, token_s) in zip(kept, runs))])
+    sizes = np.concatenate([[0], *kept])
+    best = int(np.argmin(seconds / (sizes + 1)))
+    return float(seconds[best]), int(sizes[best])
 
 
 def lookup_2gram_hits(seq: Sequence[int], start: int) -> int:
@@ -104,13 +148,3 @@ def lookup_hits_by_match(seq: Sequence[int], start: int, cap: int = 32) -> list[
         if m:
             out.append((m, guess[0] == seq[i]))
     return out
-
-
-def position_probs(model: Model, prompt: Sequence[int], answer: Sequence[int]) -> np.ndarray:
-    """The model's T=1 distribution at each answer position, (len(answer), V)."""
-    session = model.session
-    session.prefill(prompt)
-    logits = np.array(session.decode([prompt[-1], *answer[:-1]], "all"), dtype=np.float64)
-    session.rewind(len(prompt) - 1)
-    e = np.exp(logits - logits.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)

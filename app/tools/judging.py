@@ -1,0 +1,84 @@
+"""Auto judged on recorded answers: each replayed as a fresh conversation builds it, with the draft model
+as it guessed when the answer was recorded, against plain decoding and the oracle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from specchat.decoding.guessers import AutoGuesser, BaseGuesser, Proposal
+from specchat.decoding.policy import PRIORS, CostCurve, Priors
+from specchat.decoding.sampling import SamplingConfig
+from specchat.tools.recorded import Answer
+from specchat.tools.replay import oracle, replay
+
+
+class RecordedDraft(BaseGuesser):
+    """The draft model as it guessed on a recorded greedy answer: at answer position i its guess given the
+    true text, which is what it sees while its earlier guesses hold (after a miss, the step ends anyway)."""
+
+    name = "draft"
+    default_draft_length = 4
+
+    def __init__(self, answer: Answer) -> None:
+        self.start, self.guess, self.p = len(answer.prompt), answer.draft_guess, answer.draft_p
+        self.keep_going: Callable[[list[float]], bool] | None = None
+
+    def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> Proposal:
+        at = len(context) - self.start
+        tokens: list[int] = []
+        for j in range(min(k, len(self.guess) - at)):
+            tokens.append(self.guess[at + j])
+            if self.keep_going is not None and not self.keep_going(list(self.p[at:at + j + 1])):
+                break
+        return Proposal(tokens, None, "draft")
+
+
+def auto_for(answer: Answer, curve: CostCurve, priors: Priors | None = None) -> AutoGuesser:
+    """Auto as a fresh conversation builds it, with the recorded draft where there is one (greedy only: a
+    sampled draft's fate depends on both distributions, which are not recorded), on these priors (None:
+    the defaults)."""
+    drafters = {"draft": RecordedDraft(answer)} if answer.draft_guess and answer.temperature == 0 else {}
+    return AutoGuesser(curve, drafters, priors=PRIORS if priors is None else {True: priors, False: priors})
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Plain, auto and the oracle on some answers: seconds summed, and each answer's auto speedup."""
+
+    plain_s: float
+    auto_s: float
+    oracle_s: float
+    worst: float  # the slowest answer's auto speedup
+    answers: int
+
+    @property
+    def auto(self) -> float:
+        return self.plain_s / self.auto_s
+
+    @property
+    def bound(self) -> float:
+        return self.plain_s / self.oracle_s
+
+    @property
+    def share(self) -> float | None:
+        """Auto's share of the oracle's gain over plain decoding (None where the oracle gains nothing)."""
+        gain = self.bound - 1
+        return (self.auto - 1) / gain if gain > 1e-9 else None
+
+
+def judge(answers: Iterable[Answer], curve: CostCurve, priors: Priors | None = None, bound: bool = True) -> Judged:
+    """Each answer replayed as a fresh conversation under auto on these priors, against plain decoding and
+    (where `bound`) the oracle."""
+    plain_s = auto_s = oracle_s = 0.0
+    worst, n = float("inf"), 0
+    for a in answers:
+        plain = float(curve.verify(1)) * len(a.answer)
+        auto, _ = replay(a, curve, auto_for(a, curve, priors))
+        plain_s, auto_s, oracle_s = plain_s + plain, auto_s + auto, oracle_s + (oracle(a, curve) if bound else 0.0)
+        worst, n = min(worst, plain / auto), n + 1
+    return Judged(plain_s, auto_s, oracle_s, worst if n else 1.0, n)

@@ -1,0 +1,25 @@
+"""`specchat bench`'s figures that are computed, not timed (specchat.tools.bench): plain's answer judged as
+`bench/corpus` judges a recorded one. The timed run is in tests/test_cli.py."""
+
+from __future__ import annotations
+
+import pytest
+from fakes.model import ScriptedModel
+
+from specchat.decoding.policy import CostCurve
+from specchat.tools.bench import _modelled
+from specchat.tools.recorded import Answer
+from specchat.tools.replay import lookup_copy, oracle
+
+FLAT = CostCurve([1.0 + 0.02 * n for n in range(16)], 0.1)
+PROMPT = tuple(range(1, 21))
+
+
+def test_bench_bounds_plains_answer_by_the_oracle_the_corpus_quotes():
+    # The answer copies the prompt's middle after a token it never had: the oracle copies from the best
+    # earlier place with hindsight, its first token too, where prompt lookup's own copy starts a token late.
+    answer = Answer("edit", "fit", 0.0, PROMPT, (99, *PROMPT[7:]))
+    plain, bound, auto = _modelled(answer, FLAT, ScriptedModel(vocab=9))
+    assert plain == pytest.approx(14 * float(FLAT.verify(1)))
+    assert bound == oracle(answer, FLAT) and bound < oracle(answer, FLAT, copies=lookup_copy)
+    assert bound <= auto < plain  # auto, replayed, copies the passage too, from where lookup can find it
