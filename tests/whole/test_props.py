@@ -654,6 +654,7 @@ SETTINGS: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
                st.sampled_from(["localhost:8080", "ftp://x", "gpu.example"]) | not_strings),
     "seed": (st.integers(-1, 2**63 - 1), st.sampled_from([-2, 2**63, 7.0, "7", True])),
     "thinking": (st.sampled_from(["default", "on", "off"]), st.sampled_from(["maybe", "", "ON", 1, True])),
+    "tool_rounds": (st.integers(0, 32), st.sampled_from([-1, 33, 4.0, "4", True])),
 }
 
 
