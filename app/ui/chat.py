@@ -393,7 +393,8 @@ class ChatScreen(Screen[None]):
                               thinking_line(done) if done.thinking_tokens else "")
             source = f"guesser {self.chat_app.settings.guesser}" if done.figures == ENGINE_FIGURES else \
                 f"figures: {done.figures}"
-            self.status(f"{'stopped' if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates")
+            self.status(f"{'stopped' if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates" if batch.last
+                        else f"{len(done.calls)} tool call{'s' if len(done.calls) != 1 else ''}… (Esc stops)")
             self.show_context(done.stats.n_prompt + done.stats.n_tokens)
             self._answer = None
         elif batch.error is not None:

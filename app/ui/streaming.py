@@ -59,6 +59,9 @@ class GenerationBatch(Message):
         self.pump.ui_done(time.thread_time(), time.monotonic())
 
 
+SHOWN = (Step, Chunk, Prefill, Notice, Done, ToolRan, RoundsSpent)  # the events a screen draws
+
+
 class Pump:
     """Moves one generation's events from a worker thread to `target`, in batches."""
 
@@ -97,6 +100,8 @@ class Pump:
 
         try:
             for event in events:
+                if not isinstance(event, SHOWN):
+                    continue  # the agent loop's Added: the screen stores what it shows itself
                 if done is not None:  # more follows the answer that ended: it goes out now, not as the last
                     post()
                 if isinstance(event, (Step, Chunk)):

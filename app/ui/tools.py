@@ -109,7 +109,7 @@ class ToolsScreen(ModalScreen["ToolChoice | None"]):
     begins with a call. Enter saves (none ticked: tools off), Esc leaves them as they were (dismissed with None)."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("enter", "save", "Save", priority=True),
-                Binding("ctrl+a", "all", "All")]
+                Binding("ctrl+a", "all", "All"), Binding("ctrl+t", "call_first", "Call first")]
 
     def __init__(self, tools: list[tuple[str, str]], chosen: ToolChoice | None) -> None:
         super().__init__()
@@ -124,14 +124,17 @@ class ToolsScreen(ModalScreen["ToolChoice | None"]):
             yield Checkbox("Call first: each reply begins with a call, then answers in words (for a small model, "
                            "which will not decide to call by itself)", self.chosen is not None and self.chosen.call_first,
                            id="call-first")
-            yield Static("Space ticks a tool · Ctrl+A ticks all · Enter saves (none ticked: tools off) · Esc cancels",
-                         classes="hint")
+            yield Static("Space ticks a tool · Ctrl+A ticks all · Ctrl+T call first · Enter saves (none ticked: tools "
+                         "off) · Esc cancels", classes="hint")
 
     def on_mount(self) -> None:
         self.query_one(SelectionList).focus()
 
     def action_all(self) -> None:
         self.query_one(SelectionList).select_all()
+
+    def action_call_first(self) -> None:
+        self.query_one(Checkbox).toggle()
 
     def action_save(self) -> None:
         self.dismiss(ToolChoice(tuple(self.query_one(SelectionList).selected), self.query_one(Checkbox).value))

@@ -3,11 +3,13 @@ the answer, check the live stats and the database."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 import time
 
 import pytest
@@ -70,3 +72,40 @@ def test_a_reasoning_models_thinking_folds_and_opens_in_a_real_terminal(tmp_path
     db = sqlite3.connect(tmp_path / "data" / "specchat" / "specchat.db")
     [(content, thinking)] = db.execute("SELECT content, thinking FROM messages WHERE role = 'assistant'").fetchall()
     assert content == "" and thinking
+
+
+def test_a_tool_call_asked_allowed_shown_folded_and_answered_in_a_real_terminal(tmp_path, qwen_paths):
+    """Tools on the default pair: a notes server written with the MCP SDK (tests/mcp_notes.py) configured as a user
+    would; F5 ticks its tool and "call first" (the 1.5B model, left to decide, writes its call as a json block);
+    the call is asked about, allowed, shown folded with its result's size, and the answer quotes the note."""
+    pytest.importorskip("mcp", reason="the tools extra is not installed")
+    from mcp_notes import NOTE, SCRIPT
+
+    session = f"specchat-tools-{os.getpid()}"
+    launch(session, tmp_path, f'system_prompt = ""\nmax_tokens = 120\n\n[mcp.servers.notes]\n'
+                              f'command = {json.dumps(sys.executable)}\nargs = [{json.dumps(SCRIPT)}]\n')
+    try:
+        wait_for(session, r"ready · guesser", timeout=300)
+        tmux("send-keys", "-t", session, "F5")
+        wait_for(session, r"Tools for this conversation", timeout=120)
+        tmux("send-keys", "-t", session, "C-a")  # every tool ticked
+        tmux("send-keys", "-t", session, "C-t")  # call first
+        tmux("send-keys", "-t", session, "Enter")
+        wait_for(session, r"tools for this conversation: read_note · each", timeout=30)  # the line runs on, cut
+        tmux("send-keys", "-t", session, "-l", "Show me my note 'launch' as a markdown blockquote.")
+        tmux("send-keys", "-t", session, "Enter")
+        asked = wait_for(session, r"The model calls read_note", timeout=300)
+        assert '"name"' in asked, asked  # its arguments, laid out
+        tmux("send-keys", "-t", session, "y")
+        shown = wait_for(session, r"done · guesser", timeout=300)
+        assert re.search(r"Tool · read_note\(\{.*\}\)", shown), shown
+        assert f"result · {len(NOTE)} characters" in shown, shown  # folded: the size, not the text
+        tmux("send-keys", "-t", session, "C-q")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    db = sqlite3.connect(tmp_path / "data" / "specchat" / "specchat.db")
+    rows = db.execute("SELECT role, status, content, tool_calls, tool_call_id FROM messages ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == ["user", "assistant", "tool", "assistant"], rows
+    [call] = json.loads(rows[1][3])
+    assert call["name"] == "read_note" and rows[2][4] == call["id"] and rows[2][2] == NOTE
+    assert rows[3][1] == "complete" and "10:30" in rows[3][2], rows[3][2]  # the answer quotes the result

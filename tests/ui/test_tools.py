@@ -10,7 +10,7 @@ import sys
 import pytest
 from fakes import FakeBackend
 from pilot import answered, make_app, send, until
-from textual.widgets import Checkbox, Collapsible, Static
+from textual.widgets import Collapsible, Static
 
 from specchat.llama.template import ToolCall
 from specchat.mcptools.agent import REFUSED
@@ -73,6 +73,8 @@ async def test_a_call_allowed_runs_and_its_result_is_stored_shown_folded_and_ans
         view = app.chat.query_one(ToolView)
         assert view.call == 'echo({"text": "saffron and eggs"})' and view.query_one(Collapsible).collapsed
         assert not app.generating
+        # The status says the reply is done (not that calls are under way): the agent loop's last event is its own.
+        assert str(app.chat.query_one("#status", Static).render()).startswith("done · guesser")
         # Opened again (as after a restart), the call and its result are drawn the same way.
         app.chat.open(app.chat.conversation)
         await pilot.pause()
@@ -161,8 +163,7 @@ async def test_call_first_makes_the_first_answer_call_and_the_next_answer_in_wor
         await until(pilot, lambda: app.ready, "models to load")
         await pilot.press("f5")
         await until(pilot, lambda: isinstance(app.screen, ToolsScreen), "the tools dialog", timeout=60)
-        app.screen.query_one(Checkbox).value = True
-        await pilot.press("ctrl+a", "enter")
+        await pilot.press("ctrl+a", "ctrl+t", "enter")
         await until(pilot, lambda: app.chat.conversation.tools, "the tools chosen")
         assert app.chat.conversation.tools.call_first
         await send(pilot, app, "What does echo say?")
