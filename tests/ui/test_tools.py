@@ -172,3 +172,33 @@ async def test_call_first_makes_the_first_answer_call_and_the_next_answer_in_wor
         await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the answer after the call", timeout=60)
         assert backend.tool_choices == ["required", "auto"] and "echo" in backend.offered[0] and backend.offered[1] == []
         assert roles(app) == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_a_tool_that_raises_and_a_megabyte_result_each_give_a_line_and_lose_nothing(tmp_path):
+    """Two calls in one answer: `boom` raises in the server, `big` returns 1 MB. The first is one line marked failed;
+    the second is kept to the size cap with a line saying what was cut, and drawn only in part when opened (laying
+    out a megabyte would hold the screen for seconds); the answer after them still comes, and nothing is lost."""
+    backend = FakeBackend("One failed, the other was long.")
+    backend.tool_script = [(ToolCall("boom", "{}", "call_1"), ToolCall("big", '{"size": 1048576}', "call_2"))]
+    app = make_app(tmp_path, backend, toolbox_factory=lambda: toolbox())
+    async with app.run_test(size=(140, 50)) as pilot:
+        await choose_all_tools(pilot, app)
+        await send(pilot, app, "Run boom, then big")
+        await asked(pilot, app)
+        await pilot.press("a")  # always for boom: big is still asked about
+        await until(pilot, lambda: isinstance(app.screen, ToolCallScreen) and app.screen.call.name == "big",
+                    "the question about big", timeout=60)
+        await pilot.press("y")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the answer after the calls", timeout=60)
+        messages = app.chat.conversation.messages()
+        assert [m.role for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
+        boom, big = messages[2], messages[3]
+        assert boom.content.startswith("boom (server 'notes') reported an error") and "\n" not in boom.content
+        assert boom.stats == {"refused": False, "failed": True}
+        assert len(big.content.encode()) < 257 * 1024 and big.content.endswith("over the 256 KiB limit]")
+        assert big.content.startswith("abcdefghijklmnopqrstuvwxyz") and big.stats["failed"] is False
+        views = list(app.chat.query(ToolView))
+        assert [v.failed for v in views] == [True, False]
+        shown = str(views[1].query_one(Collapsible.Contents).query_one(Static).render())
+        assert len(shown) < ToolView.SHOWN + 100 and "more characters (in the export)" in shown
+        assert messages[-1].content == "One failed, the other was long."
