@@ -18,6 +18,7 @@ from specchat.service.choices import ModelChoice
 if TYPE_CHECKING:  # the commands import what they run when they run: `specchat --help` loads none of it
     from specchat.decoding.engine import GenerationConfig
     from specchat.llama.template import Message
+    from specchat.mcptools.toolbox import Toolbox
     from specchat.service.chat import ChatService
 
 
@@ -335,7 +336,7 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_tools(args: argparse.Namespace, tools: _Tools, service: ChatService, messages: list[Message],
+def _with_tools(args: argparse.Namespace, tools: Toolbox, service: ChatService, messages: list[Message],
                 config: GenerationConfig, guesser: str, variables: dict[str, Any]) -> Iterator[Any]:
     """The answers and tool calls of `generate --tools`: the MCP servers started, the model offered their tools
     for --tool-rounds rounds, each call run as --allow-tools or the terminal says."""
@@ -343,7 +344,7 @@ def _with_tools(args: argparse.Namespace, tools: _Tools, service: ChatService, m
 
     for line in tools.start():
         _warn(line)
-    schemas = tools.client.tools()
+    schemas = tools.schemas()
     rounds = 0
 
     def answer(conversation: Sequence[Message], offered: bool) -> Iterator[Any]:
@@ -354,7 +355,7 @@ def _with_tools(args: argparse.Namespace, tools: _Tools, service: ChatService, m
         choice = _tool_choice(args.tool_choice) if rounds == 1 else "auto"
         return service.chat(conversation, config, guesser, variables=variables, tools=schemas, tool_choice=choice)
 
-    return agent_loop(answer, messages, tools.client.call,
+    return agent_loop(answer, messages, tools.call,
                       (lambda _call: Choice.ONCE) if args.allow_tools else _ask_on_terminal, args.tool_rounds)
 
 
@@ -424,45 +425,15 @@ class _AnswerPrinter:
             self.thinking = False
 
 
-class _Tools:
-    """The configured MCP servers for `generate --tools`: started when entered, stopped when left."""
-
-    def __init__(self, config: Any) -> None:
-        from specchat.mcptools.client import McpClient
-
-        self.config, self.client = config, McpClient(config.timeout_s)
-
-    def start(self) -> list[str]:
-        """Each configured server started; a line for every problem (an entry left out, a server that did not start)."""
-        return [*self.config.problems, *self.client.start(self.config.servers)]
-
-    def __enter__(self) -> _Tools:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.client.close()
-
-
-def _tools(args: argparse.Namespace) -> _Tools:
-    from specchat.mcptools.config import load_config
-    from specchat.service.settings import default_config_path
+def _tools(args: argparse.Namespace) -> Toolbox:
+    from specchat.mcptools.toolbox import configured
 
     if args.tool_rounds < 0:
         raise SpecchatError(f"--tool-rounds must be 0 or more, got {args.tool_rounds}")
     if not args.allow_tools and not sys.stdin.isatty():
         raise SpecchatError("--tools asks before each call, and stdin is not a terminal: add --allow-tools to run "
                             "the model's calls without asking")
-    try:
-        import mcp  # noqa: F401
-    except ImportError:
-        raise SpecchatError("--tools needs the MCP SDK: pip install 'specchat[tools]'") from None
-    config = load_config()
-    if not config.servers:
-        for problem in config.problems:
-            _warn(problem)
-        raise SpecchatError(f"--tools found no MCP server in {default_config_path()}: add one as [mcp.servers.NAME] with "
-                            "command and args, or url (docs/tools.md)")
-    return _Tools(config)
+    return configured()
 
 
 def _tool_choice(given: str) -> str | dict[str, Any]:

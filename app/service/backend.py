@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Sequence, Union
+from typing import Any, Callable, Iterator, Protocol, Sequence, Union
 
 from specchat.decoding.engine import GenerationConfig
 from specchat.llama.template import Message
@@ -46,10 +46,16 @@ class Backend(Protocol):
 
     def baseline(self) -> Baseline: ...
 
+    # The model may be offered tools (`chat`'s `tools`), its calls coming back on the Done; False: a server,
+    # whose tool calls the app does not read yet.
+    offers_tools: bool
+
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-             cancel: threading.Event, think: bool | None = None) -> Iterator[BackendEvent]:
+             cancel: threading.Event, think: bool | None = None,
+             tools: Sequence[dict[str, Any]] | None = None) -> Iterator[BackendEvent]:
         """Answer the last message; `think` turns a reasoning model's thinking on or off (None: as it does
-        unasked), for a template with a switch (`thinking_switch`)."""
+        unasked), for a template with a switch (`thinking_switch`); `tools` (OpenAI function schemas) are
+        offered to the model, where the backend `offers_tools`."""
 
     def count_tokens(self, text: str) -> int: ...
 

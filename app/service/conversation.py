@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from specchat.decoding.events import ENGINE_FIGURES, Done
 from specchat.errors import SpecchatError
-from specchat.llama.template import Message
+from specchat.llama.template import Message, ToolCall
 from specchat.store.conversations import Store, StoredMessage
 from specchat.store.files import atomic_write
 
@@ -49,6 +49,11 @@ def against_plain(done: Done) -> str:
     if done.speedup is None:
         return ""
     return f"{done.speedup:.2f}x plain" + (f" (uncertain: the machine was busy, {done.busy_why})" if done.busy else "")
+
+
+def calls_of(message: StoredMessage) -> tuple[ToolCall, ...]:
+    """A stored answer's tool calls, as the template renders them."""
+    return tuple(ToolCall(c["name"], c["arguments"], c["id"]) for c in message.tool_calls)
 
 
 def attach(text: str, files: Sequence[tuple[Path, str]]) -> str:
@@ -89,10 +94,10 @@ class ConversationController:
         return messages
 
     def _add(self, role: str, content: str, status: str = "complete", model: str | None = None,
-             after: int | None | str = "end") -> int:
+             after: int | None | str = "end", tool_call_id: str = "", stats: dict | None = None) -> int:
         """A message at the end of the branch on screen (or `after` a given message: a branch there)."""
-        self.head = self.store.add_message(self.id, role, content, status, model=model,
-                                           after=self._tail() if after == "end" else after)
+        self.head = self.store.add_message(self.id, role, content, status, stats, model=model,
+                                           after=self._tail() if after == "end" else after, tool_call_id=tool_call_id)
         return self.head
 
     def _tail(self) -> int | None:
@@ -108,7 +113,8 @@ class ConversationController:
         """What the model is given: the system prompt, then every message so far. ("History" in this
         project is the index of past conversations the history guesser copies from.)"""
         system = [Message("system", system_prompt)] if system_prompt else []
-        return system + [Message(m.role, m.content, m.thinking) for m in self.messages()]
+        return system + [Message(m.role, m.content, m.thinking, tool_calls=calls_of(m), tool_call_id=m.tool_call_id)
+                         for m in self.messages()]
 
     def last(self, role: str) -> StoredMessage | None:
         return next((m for m in reversed(self.messages()) if m.role == role), None)
@@ -185,9 +191,24 @@ class ConversationController:
         if done.thinking_tokens:
             stats["thinking"] = thinking_line(done)
         self.store.update_message(self._answer, done.text, "stopped" if done.reason == "cancelled" else "complete",
-                                  stats, thinking=done.thinking)
+                                  stats, thinking=done.thinking,
+                                  tool_calls=[{"id": c.id, "name": c.name, "arguments": c.arguments} for c in done.calls])
         self._answer = None
         return summary
+
+    def add_tool_result(self, call_id: str, text: str, refused: bool = False, failed: bool = False) -> None:
+        """A call's result (or the line saying why there is none: the user `refused` the call, or it `failed`),
+        after the answer that made the call."""
+        self._add("tool", text, tool_call_id=call_id, stats={"refused": refused, "failed": failed})
+
+    @property
+    def tools(self) -> list[str] | None:
+        """The tools this conversation offers the model, by name; None: tools are off."""
+        return self.store.tools(self.id)
+
+    @tools.setter
+    def tools(self, names: Sequence[str] | None) -> None:
+        self.store.set_tools(self.id, names)
 
     def fail(self) -> bool:
         """The generation failed: what streamed before stays, marked stopped; an empty answer goes.

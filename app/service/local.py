@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from specchat.decoding.engine import GenerationConfig
 from specchat.errors import SpecchatError
@@ -76,6 +76,7 @@ class LocalBackend:
 
     server = None
     guesser_asked = False
+    offers_tools = True
 
     def __init__(self, choice: ModelChoice, store: Store | None = None) -> None:
         self.choice, self.store = choice, store
@@ -125,9 +126,11 @@ class LocalBackend:
         return self.service.count_tokens(text)
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-             cancel: threading.Event, think: bool | None = None) -> Iterator[BackendEvent]:
+             cancel: threading.Event, think: bool | None = None,
+             tools: Sequence[dict[str, Any]] | None = None) -> Iterator[BackendEvent]:
         with self._busy:
-            yield from self.service.chat(messages, config, guesser, cancel, self.service.template_variables(think))
+            yield from self.service.chat(messages, config, guesser, cancel, self.service.template_variables(think),
+                                         tools=tools or None)
 
     def close(self) -> None:
         with self._busy:

@@ -122,6 +122,7 @@ class RemoteBackend:
 
     pair = draft = None  # the server's models are its own, and it does not say which draft it runs
     guesser_asked = True
+    offers_tools = False  # the app does not read a server's tool calls yet
     thinking_switch = "enable_thinking"  # asked of the server's template, which may not read it
 
     def __init__(self, choice: RemoteChoice) -> None:
@@ -185,7 +186,8 @@ class RemoteBackend:
                 self._client = None
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-             cancel: threading.Event, think: bool | None = None) -> Iterator[BackendEvent]:
+             cancel: threading.Event, think: bool | None = None,
+             tools: Sequence[dict[str, Any]] | None = None) -> Iterator[BackendEvent]:
         with self._busy:
             if self._client is None:
                 raise SpecchatError(f"not connected to {self.root}")

@@ -59,6 +59,8 @@ class Settings:
     # A reasoning model's thinking: "on", "off" (for templates with a switch, e.g. Qwen3's enable_thinking)
     # or "default", as the model does unasked.
     thinking: str = "default"
+    # The most rounds of tool calls one answer may make before it must answer in words (0: calls are never run).
+    tool_rounds: int = 4
 
     def __post_init__(self) -> None:
         SamplingConfig(self.temperature, self.top_k, self.top_p, self.min_p)  # raises on bad values
@@ -80,6 +82,8 @@ class Settings:
             raise SpecchatError(f"server must be empty or an http:// or https:// URL, got {self.server!r}")
         if not -1 <= self.seed < 2**63:
             raise SpecchatError(f"seed must be -1 (a new one each time) or 0 to {2**63 - 1}, got {self.seed}")
+        if not 0 <= self.tool_rounds <= 32:
+            raise SpecchatError(f"tool_rounds must be 0 to 32, got {self.tool_rounds}")
         for key in ("gpu_layers", "draft_gpu_layers"):
             if not -1 <= getattr(self, key) <= 10_000:
                 raise SpecchatError(f"{key} must be -1 (all) to 10000, got {getattr(self, key)}")

@@ -14,6 +14,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import platformdirs
 
@@ -90,6 +91,13 @@ MIGRATIONS = [
         "UPDATE conversations SET head = (SELECT max(id) FROM messages WHERE conversation_id = conversations.id)",
         "CREATE INDEX messages_by_parent ON messages(parent_id)",
     ),
+    # 7: tools. An answer's calls (JSON: a list of {id, name, arguments}), the call a `tool` message answers, and
+    # which tools a conversation offers the model (JSON: a list of names; NULL: none, tools off).
+    """
+    ALTER TABLE messages ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';
+    ALTER TABLE messages ADD COLUMN tool_call_id TEXT NOT NULL DEFAULT '';
+    ALTER TABLE conversations ADD COLUMN tools TEXT;
+    """,
 ]
 STATUSES = ("complete", "stopped", "partial")  # partial: the app died while generating it
 _BUSY_TIMEOUT_S = 10.0  # another instance's write transaction is short; wait rather than fail
@@ -123,6 +131,8 @@ class StoredMessage:
     parent: int | None = None  # the message it follows (None: it opens the conversation)
     branch: int = 1  # which of its siblings (the branches at this point) it is, from 1
     branches: int = 1  # how many there are
+    tool_calls: tuple[dict[str, str], ...] = ()  # an answer's calls, each {"id", "name", "arguments"}
+    tool_call_id: str = ""  # a `tool` message: the call whose result it is
 
 
 class Store:
@@ -267,7 +277,8 @@ class Store:
     def messages(self, conversation_id: int, head: int | None = None) -> list[StoredMessage]:
         """The branch on screen: from the first message to `head` (a window's own; where it is gone or not
         given, the conversation's head, the branch last shown), each with where it stands among its siblings."""
-        rows = self.db.execute("SELECT id, role, content, status, stats, model, thinking, parent_id FROM messages "
+        rows = self.db.execute("SELECT id, role, content, status, stats, model, thinking, parent_id, tool_calls, "
+                               "tool_call_id FROM messages "
                                "WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
         if not rows:
             return []
@@ -281,10 +292,11 @@ class Store:
             path.append(by_id[at])
             at = by_id[at][7]
         out = []
-        for i, r, c, s, st, m, t, parent in reversed(path):
+        for i, r, c, s, st, m, t, parent, calls, call_id in reversed(path):
             siblings = children[parent]
             out.append(StoredMessage(i, r, c, s, json.loads(st) if st else None, m, t, parent,
-                                     siblings.index(i) + 1, len(siblings)))
+                                     siblings.index(i) + 1, len(siblings), tuple(json.loads(calls)) if calls else (),
+                                     call_id))
         return out
 
     def head(self, conversation_id: int) -> int | None:
@@ -313,7 +325,8 @@ class Store:
         return at
 
     def add_message(self, conversation_id: int, role: str, content: str, status: str = "complete",
-                    stats: dict | None = None, model: str | None = None, after: int | None | str = "head") -> int:
+                    stats: dict | None = None, model: str | None = None, after: int | None | str = "head",
+                    tool_call_id: str = "") -> int:
         """A message at the end of the branch on screen, or, `after` a given message (None: as the first), a
         new branch there; the conversation then shows the branch it ends."""
         assert status in STATUSES, status
@@ -325,19 +338,31 @@ class Store:
             if after == "head":
                 after = self.head(conversation_id)
             cur = self.db.execute("INSERT INTO messages (conversation_id, role, content, status, stats, created, "
-                                  "model, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                  "model, parent_id, tool_call_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                   (conversation_id, role, content, status, json.dumps(stats) if stats else None, now,
-                                   model, after))
+                                   model, after, tool_call_id))
             self.db.execute("UPDATE conversations SET updated = ?, head = ? WHERE id = ?",
                             (now, cur.lastrowid, conversation_id))
         return cur.lastrowid
 
     def update_message(self, message_id: int, content: str, status: str = "partial",
-                       stats: dict | None = None, thinking: str = "") -> None:
-        """Overwrite a streaming answer: called as it grows (partial), and once when it ends."""
+                       stats: dict | None = None, thinking: str = "",
+                       tool_calls: Sequence[dict[str, str]] = ()) -> None:
+        """Overwrite a streaming answer: called as it grows (partial), and once when it ends (with its calls)."""
         assert status in STATUSES, status
-        self.db.execute("UPDATE messages SET content = ?, status = ?, stats = coalesce(?, stats), thinking = ? "
-                        "WHERE id = ?", (content, status, json.dumps(stats) if stats else None, thinking, message_id))
+        self.db.execute("UPDATE messages SET content = ?, status = ?, stats = coalesce(?, stats), thinking = ?, "
+                        "tool_calls = ? WHERE id = ?", (content, status, json.dumps(stats) if stats else None,
+                                                        thinking, json.dumps(list(tool_calls)) if tool_calls else "",
+                                                        message_id))
+
+    def tools(self, conversation_id: int) -> list[str] | None:
+        """The names of the tools this conversation offers the model; None: tools are off."""
+        row = self.db.execute("SELECT tools FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        return json.loads(row[0]) if row and row[0] is not None else None
+
+    def set_tools(self, conversation_id: int, names: Sequence[str] | None) -> None:
+        self.db.execute("UPDATE conversations SET tools = ? WHERE id = ?",
+                        (json.dumps(list(names)) if names is not None else None, conversation_id))
 
     def delete_message(self, message_id: int) -> None:
         """Delete a message and the branches that follow it; the conversation then shows the branch it
@@ -360,13 +385,20 @@ class Store:
         lines = [f"# {title[0] if title else 'Conversation'}", ""]
         if server := self.server(conversation_id):
             lines += [f"Answered by the server at {server}", ""]
+        names: dict[str, str] = {}  # each call's id: its tool, which the result's heading names
         for m in self.messages(conversation_id, head):
             mark = {"stopped": " (stopped)", "partial": " (interrupted)"}.get(m.status, "") + (
                 f" (branch {m.branch} of {m.branches})" if m.branches > 1 else "")
+            if m.role == "tool":  # a result, fenced: it is the tool's text, not Markdown of the conversation's
+                lines += [f"## Tool result: {names.get(m.tool_call_id, 'a tool')}{mark}", "", "````", m.content, "````", ""]
+                continue
             lines += [f"## {m.role.capitalize()}{mark}", ""]
             if m.thinking:  # marked as thinking: a quote under its own heading, apart from the answer
                 lines += ["### Thinking", "", *(f"> {line}".rstrip() for line in m.thinking.splitlines()), ""]
             lines += [m.content, ""]
+            for call in m.tool_calls:
+                names[call["id"]] = call["name"]
+                lines += [f"Calls `{call['name']}` with `{call['arguments']}`", ""]
         return "\n".join(lines)
 
 

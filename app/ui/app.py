@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from textual import on, work
 from textual.app import App, SystemCommand
@@ -20,6 +20,7 @@ from textual.screen import Screen
 from textual.widgets import ProgressBar
 
 from specchat.errors import SpecchatError
+from specchat.mcptools.toolbox import configured as configured_toolbox
 from specchat.models.catalog import Catalog, load_catalog
 from specchat.service import choices
 from specchat.service.backend import Backend, BackendFactory
@@ -31,6 +32,9 @@ from specchat.store.files import log_path
 from specchat.ui.chat import ChatScreen
 from specchat.ui.conversations import ConversationSearch
 from specchat.ui.screens import ErrorScreen, HelpScreen, SettingsScreen
+
+if TYPE_CHECKING:
+    from specchat.mcptools.toolbox import Toolbox
 
 
 class BackendProgress(TMessage):
@@ -66,7 +70,7 @@ class SpecchatApp(App[None]):
     def __init__(self, choice: ModelChoice | None = None, backend_factory: BackendFactory | None = None,
                  store: Store | None = None, settings_path: Path | None = None,
                  rewrite_file: Path | None = None, remote: RemoteChoice | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, toolbox_factory: Callable[[], Toolbox] | None = None) -> None:
         super().__init__()
         self.choice = choice or ModelChoice()  # what the command line said; the settings fill the rest
         # The command line's --server wins over the server setting, until Settings changes that setting.
@@ -78,6 +82,10 @@ class SpecchatApp(App[None]):
         # Tests pass one that makes a scripted backend; the app's own copies from its conversations.
         self.backend_factory = backend_factory or (lambda choice: open_backend(choice, self.store))
         self.backend: Backend | None = None
+        # The configured MCP servers, started the first time a conversation's tools are chosen (F5): nothing
+        # starts or connects before. Tests pass a factory for servers of their own.
+        self.toolbox_factory = toolbox_factory or configured_toolbox
+        self.toolbox: Toolbox | None = None
         self.catalog: Catalog | None = None
         self.ready = False
         self.rewrite_file = rewrite_file
@@ -114,6 +122,17 @@ class SpecchatApp(App[None]):
             self.push_screen(ErrorScreen(str(e)))
         self._remember_theme = True
         self.load_backend()
+
+    def start_toolbox(self) -> tuple[Toolbox, list[str]]:
+        """The configured MCP servers, started the first time (called from a worker: a server may take seconds);
+        a line for each that did not start. Raises, in one line, where none is configured."""
+        if self.toolbox is None:
+            self.toolbox = self.toolbox_factory()
+        return self.toolbox, self.toolbox.start()
+
+    def on_unmount(self) -> None:
+        if self.toolbox is not None:
+            self.toolbox.close()  # each server's process has exited when this returns
 
     def watch_theme(self, theme: str) -> None:
         # Remembered across restarts (the command palette's "Change theme" sets it).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from textual import events, on, work
 from textual.app import ComposeResult
@@ -27,16 +27,19 @@ from textual.widgets.markdown import MarkdownFence
 from specchat.decoding.events import ENGINE_FIGURES
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
+from specchat.mcptools.agent import RoundsSpent, ToolRan
 from specchat.service import choices
 from specchat.service.choices import generation
 from specchat.service.conversation import ConversationController, thinking_line
 from specchat.service.documents import read_document
+from specchat.service.events import BackendEvent
 from specchat.store.conversations import StoredMessage
 from specchat.ui.conversations import ConversationList
 from specchat.ui.keyline import KeyLine
 from specchat.ui.screens import ConfirmScreen, PromptScreen
 from specchat.ui.streaming import GenerationBatch, Pump
-from specchat.ui.widgets import MessageView, StatsPanel, code_blocks
+from specchat.ui.tools import ToolsScreen, with_tools
+from specchat.ui.widgets import MessageView, StatsPanel, ToolView, call_line, code_blocks
 
 if TYPE_CHECKING:
     from specchat.ui.app import SpecchatApp
@@ -111,11 +114,12 @@ class ChatScreen(Screen[None]):
         Binding("ctrl+d", "delete_chat", "Delete", priority=True, show=False),
         Binding("ctrl+x", "export", "Export", priority=True, show=False),
         Binding("ctrl+o", "rewrite", "Rewrite doc", priority=True),
+        Binding("f5", "tools", "Tools", priority=True, show=False),
     ]
     # What may not run while an answer streams (it would start a second generation, or take the
     # answer's conversation away from under it), and what needs the models loaded.
     NOT_WHILE_BUSY = {"new_chat", "regenerate", "edit", "cycle_guesser", "delete_chat", "rewrite", "attach",
-                      "search", "select", "branch"}
+                      "search", "select", "branch", "tools"}
     NEEDS_MODELS = {"regenerate", "rewrite", "cycle_guesser"}
 
     busy: reactive[bool] = reactive(False, bindings=True)
@@ -138,6 +142,7 @@ class ChatScreen(Screen[None]):
         self.selected: int | None = None  # the message Alt+Up/Down chose (its place on screen); None: the last
         self.editing: StoredMessage | None = None  # the message the input holds an edit of (sent as a branch)
         self._draft = ""  # what the input held when the edit began: Esc, or leaving the conversation, puts it back
+        self._always: dict[int, set[str]] = {}  # per conversation: the tools the user let run without asking
 
     @property
     def chat_app(self) -> SpecchatApp:
@@ -195,9 +200,13 @@ class ChatScreen(Screen[None]):
         self.conversation = conversation
         chat = self.query_one("#chat", VerticalScroll)
         chat.remove_children()
+        calls: dict[str, str] = {}  # each call's line, by its id: what its result's view is titled with
         for m in conversation.messages():
             stats = m.stats or {}
-            chat.mount(MessageView(m.role, m.content, stats.get("summary", ""), m.status, m.thinking,
+            calls.update((c["id"], call_line(c["name"], c["arguments"])) for c in m.tool_calls)
+            chat.mount(ToolView(m.content, calls.get(m.tool_call_id, "a tool"), stats.get("refused", False),
+                                stats.get("failed", False), (m.branch, m.branches)) if m.role == "tool" else
+                       MessageView(m.role, m.content, stats.get("summary", ""), m.status, m.thinking,
                                    stats.get("thinking", ""), (m.branch, m.branches)))
         if self.selected is None:
             chat.scroll_end(animate=False)
@@ -279,12 +288,6 @@ class ChatScreen(Screen[None]):
     async def answer(self) -> None:
         app = self.chat_app
         assert self.conversation is not None and app.backend is not None
-        view = MessageView("assistant")
-        chat = self.query_one("#chat", VerticalScroll)
-        # Mounted before anything streams into it: the Markdown body's first (empty) render, run on
-        # mount, would otherwise land after the first blocks and show them twice.
-        await chat.mount(view)
-        chat.anchor()
         self.busy = True
         self.reset_stats()
         server = app.backend.server
@@ -292,21 +295,43 @@ class ChatScreen(Screen[None]):
                     f"generating with {app.settings.guesser}… (Esc stops)")
         messages = self.prompt_messages()
         marked = self.conversation.server
-        self.conversation.begin_answer(app.backend.name, server)
-        stored = self.conversation.messages()[-1]
-        view.branches = stored.branch, stored.branches
-        view.relabel()
+        await self._begin_answer()
         if server is not None and marked != server:  # the conversation says where its answers came from
             self.sub_title = f"answered by {server}"
             self.refresh_conversations()
+        tools = self.conversation.tools if app.backend.offers_tools else None
+        self._generate(messages, self.think(), tools)
+
+    async def _begin_answer(self) -> None:
+        """A view for the next answer, and the answer stored before its first token."""
+        app = self.chat_app
+        assert self.conversation is not None and app.backend is not None
+        view = MessageView("assistant")
+        chat = self.query_one("#chat", VerticalScroll)
+        # Mounted before anything streams into it: the Markdown body's first (empty) render, run on
+        # mount, would otherwise land after the first blocks and show them twice.
+        await chat.mount(view)
+        chat.anchor()
+        self.conversation.begin_answer(app.backend.name, app.backend.server)
+        stored = self.conversation.messages()[-1]
+        view.branches = stored.branch, stored.branches
+        view.relabel()
         self._answer = (view, [])
-        self._generate(messages, self.think())
 
     @work(thread=True, group="generate")
-    def _generate(self, messages: list[Message], think: bool | None) -> None:
+    def _generate(self, messages: list[Message], think: bool | None, tools: list[str] | None) -> None:
         app, settings = self.chat_app, self.chat_app.settings
         assert app.backend is not None
-        Pump(self).run(app.backend.chat(messages, generation(settings), settings.guesser, self.cancel, think))
+        backend, config = app.backend, generation(settings)
+
+        def answer(conversation: Sequence[Message], offered: list[dict[str, Any]] | None) -> Iterator[BackendEvent]:
+            return backend.chat(conversation, config, settings.guesser, self.cancel, think, offered)
+
+        if tools is None:
+            Pump(self).run(answer(messages, None))
+        else:
+            always = self._always.setdefault(self.conversation_id or 0, set())
+            Pump(self).run(with_tools(app, messages, tools, answer, settings.tool_rounds, always, self.cancel))
 
     async def on_generation_batch(self, batch: GenerationBatch) -> None:
         try:
@@ -338,7 +363,12 @@ class ChatScreen(Screen[None]):
         return f"{guesser} (asked)" if backend is not None and backend.guesser_asked else guesser
 
     async def _show(self, batch: GenerationBatch) -> None:
-        assert self._answer is not None and self.conversation is not None
+        assert self.conversation is not None
+        if self._answer is None and (batch.pieces or batch.done is not None):
+            await self._begin_answer()  # the answer after a round of tool calls
+        if self._answer is None:  # between answers: what the calls gave, or a failure before the next began
+            await self._show_calls(batch)
+            return
         view, notices = self._answer
         stats = self.query_one(StatsPanel)
         if batch.prefill is not None:
@@ -364,11 +394,28 @@ class ChatScreen(Screen[None]):
                 f"figures: {done.figures}"
             self.status(f"{'stopped' if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates")
             self.show_context(done.stats.n_prompt + done.stats.n_tokens)
+            self._answer = None
         elif batch.error is not None:
             # Whatever streamed before the failure stays, marked stopped; an empty answer goes.
             if not self.conversation.fail():
                 await view.remove()
                 self.open(self.conversation)  # a failed regenerate: the branch it left shows again
+            self.chat_app.fail(batch.error)
+        await self._show_calls(batch)
+
+    async def _show_calls(self, batch: GenerationBatch) -> None:
+        """The tool calls that ran (each stored, and shown folded), and the end of the generation."""
+        assert self.conversation is not None
+        for event in batch.ran:
+            if isinstance(event, ToolRan):
+                call, result, failed = event.call, event.result, event.result.error and not event.refused
+                self.conversation.add_tool_result(call.id, result.text, event.refused, failed)
+                await self.query_one("#chat").mount(ToolView(result.text, call_line(call.name, call.arguments),
+                                                             event.refused, failed))
+            elif isinstance(event, RoundsSpent):
+                self.notify(f"The answer reached the bound of {event.rounds} rounds of tool calls: it answers "
+                            "without tools now (Settings: tool rounds)", severity="warning", timeout=10)
+        if batch.error is not None and self._answer is None:
             self.chat_app.fail(batch.error)
         if batch.last:
             self._answer, self._code_cursor = None, -1
@@ -547,6 +594,41 @@ class ChatScreen(Screen[None]):
         current = app.settings.guesser
         nxt = options[(options.index(current) + 1) % len(options)] if current in options else options[0]
         app.apply_settings(replace(app.settings, guesser=nxt))
+
+    def action_tools(self) -> None:
+        """Choose the tools this conversation offers the model, from the configured MCP servers' (started now,
+        the first time)."""
+        backend = self.chat_app.backend
+        if backend is not None and not backend.offers_tools:
+            self.notify("Tools run with this machine's models: a server's tool calls are not shown yet",
+                        severity="warning", timeout=10)
+            return
+        self.status("starting the MCP servers…" if self.chat_app.toolbox is None else "")
+        self._choose_tools()
+
+    @work(thread=True, exclusive=True, group="tools")
+    def _choose_tools(self) -> None:
+        app = self.chat_app
+        try:
+            box, problems = app.start_toolbox()
+        except SpecchatError as e:
+            app.call_from_thread(self.status, "")
+            app.call_from_thread(self.notify, str(e), severity="error", timeout=15)
+            return
+        for line in problems:
+            app.call_from_thread(self.notify, line, severity="warning", timeout=15)
+        described = box.described()
+        app.call_from_thread(self.status, "")
+        if not described:
+            app.call_from_thread(self.notify, "The configured MCP servers offer no tools", severity="warning")
+        elif self.conversation is not None:
+            app.call_from_thread(app.push_screen, ToolsScreen(described, self.conversation.tools), self._tools_chosen)
+
+    def _tools_chosen(self, names: list[str] | None) -> None:
+        if names is None or self.conversation is None:
+            return
+        self.conversation.tools = names or None
+        self.status(f"tools for this conversation: {', '.join(names)}" if names else "tools off for this conversation")
 
     def action_new_chat(self) -> None:
         self.open(ConversationController.new(self.chat_app.store))

@@ -149,7 +149,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                                    ("draft_length", "Draft length (0 = default)"), ("seed", "Seed (-1 = random)"),
                                    ("context", "Context size (tokens)"), ("threads", "Threads (0 = every core)"),
                                    ("gpu_layers", "GPU layers, target (-1 = all)"),
-                                   ("draft_gpu_layers", "GPU layers, draft (-1 = all)")):
+                                   ("draft_gpu_layers", "GPU layers, draft (-1 = all)"),
+                                   ("tool_rounds", "Tool rounds per answer (F5: tools)")):
                     yield Label(label)
                     yield Input(str(getattr(s, key)), id=key)
             yield Label("System prompt")
@@ -184,7 +185,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             for key, kind in (("temperature", float), ("top_p", float), ("top_k", int), ("min_p", float),
                               ("max_tokens", int), ("draft_length", int), ("seed", int), ("context", int),
                               ("threads", int),
-                              ("gpu_layers", int), ("draft_gpu_layers", int)):
+                              ("gpu_layers", int), ("draft_gpu_layers", int), ("tool_rounds", int)):
                 raw = self.query_one(f"#{key}", Input).value.strip()
                 try:
                     values[key] = kind(raw)

@@ -21,7 +21,8 @@ from textual.message_pump import MessagePump
 
 from specchat.decoding.events import Done, Prefill, Step
 from specchat.errors import SpecchatError
-from specchat.service.events import BackendEvent, Chunk, Notice
+from specchat.mcptools.agent import RoundsSpent, ToolRan
+from specchat.service.events import Chunk, Notice
 from specchat.store.files import log_path
 
 log = logging.getLogger("specchat.ui")
@@ -34,13 +35,16 @@ Piece = Union[Step, Chunk]  # what streams: the engine's steps, or a server's ch
 
 
 class GenerationBatch(Message):
-    """What a generation produced since the last batch. The handler must call `handled()`."""
+    """What a generation produced since the last batch. The handler must call `handled()`.
+
+    With tools, one generation is several answers: an answer that ends in calls (its `done`, not `last`), the
+    calls run (`ran`: the agent loop's ToolRan and RoundsSpent), the next answer, and so on."""
 
     def __init__(self, pump: Pump, pieces: list[Piece], prefill: Prefill | None, notices: list[str],
-                 done: Done | None, error: str | None) -> None:
+                 done: Done | None, error: str | None, ran: list[object], last: bool) -> None:
         super().__init__()
         self.pump, self.pieces, self.prefill, self.notices = pump, pieces, prefill, notices
-        self.done, self.error = done, error
+        self.done, self.error, self.ran, self.last = done, error, ran, last
 
     @property
     def text(self) -> str:
@@ -49,11 +53,6 @@ class GenerationBatch(Message):
     @property
     def thinking(self) -> str:
         return "".join(piece.thinking for piece in self.pieces)
-
-    @property
-    def last(self) -> bool:
-        """The generation is over (finished, stopped or failed): no batch follows this one."""
-        return self.done is not None or self.error is not None
 
     def handled(self) -> None:
         """Called on the UI thread: the next batch may go out (after the interval)."""
@@ -78,22 +77,28 @@ class Pump:
         self._ui_clock = cpu, wall
         self.ready.set()
 
-    def run(self, events: Iterable[BackendEvent]) -> Done | None:
-        """Consume `events` in the worker thread until the generation ends (its Done is returned)
-        or fails (None: the UI got the error)."""
+    def run(self, events: Iterable[object]) -> Done | None:
+        """Consume `events` in the worker thread until the generation ends (its last Done is returned) or fails
+        (None: the UI got the error). Besides the backend's events, the agent loop's pass through: an answer's
+        Done is held until the next event shows whether more follows, and a call that ran goes out at once."""
         pieces: list[Piece] = []
         prefill: Prefill | None = None
         notices: list[str] = []
+        ran: list[object] = []
+        done: Done | None = None  # the last answer's end, not yet posted
+        last: Done | None = None
         posted = float("-inf")
 
-        def post(done: Done | None = None, error: str | None = None) -> None:
-            nonlocal pieces, prefill, notices, posted
+        def post(error: str | None = None, end: bool = False) -> None:
+            nonlocal pieces, prefill, notices, ran, done, posted
             self.ready.clear()
-            self.target.post_message(GenerationBatch(self, pieces, prefill, notices, done, error))
-            pieces, prefill, notices, posted = [], None, [], time.monotonic()
+            self.target.post_message(GenerationBatch(self, pieces, prefill, notices, done, error, ran, end or error is not None))
+            pieces, prefill, notices, ran, done, posted = [], None, [], [], None, time.monotonic()
 
         try:
             for event in events:
+                if done is not None:  # more follows the answer that ended: it goes out now, not as the last
+                    post()
                 if isinstance(event, (Step, Chunk)):
                     pieces.append(event)
                 elif isinstance(event, Prefill):
@@ -101,8 +106,12 @@ class Pump:
                 elif isinstance(event, Notice):
                     notices.append(event.text)
                 elif isinstance(event, Done):
-                    post(done=event)
-                    return event
+                    done = last = event
+                    continue
+                elif isinstance(event, (ToolRan, RoundsSpent)):
+                    ran.append(event)
+                    post()  # a call's result is shown as it comes: the next may wait on the user
+                    continue
                 # The first piece goes out at once, with the prefill (time to first token is what
                 # users feel); after it, only once the UI is ready for more.
                 first = posted == float("-inf") and pieces
@@ -115,5 +124,8 @@ class Pump:
             log.exception("the generation failed")
             post(error=f"internal error: {type(e).__name__}: {e} (the traceback is in {log_path()}; please report it)")
             return None
-        post(error="the generation ended without finishing")  # a backend bug, reported rather than hung
-        return None
+        if last is None:
+            post(error="the generation ended without finishing")  # a backend bug, reported rather than hung
+            return None
+        post(end=True)
+        return last

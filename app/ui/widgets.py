@@ -9,6 +9,7 @@ from dataclasses import replace
 from markdown_it import MarkdownIt
 from rich.cells import cell_len
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
@@ -170,6 +171,46 @@ class MessageView(Vertical):
     def _render_provenance(self) -> None:
         self.query_one(".provenance", Static).update(
             Text.assemble(*((text, SOURCE_STYLE[src]) for text, src in self.tokens)))
+
+
+class ToolView(MessageView):
+    """A tool call and its result (or the line saying why there is none), folded like the thinking: the call's
+    line shows, the result opens with a click. It stands for the `tool` message, so the conversation's views
+    stay one per message (selection counts them)."""
+
+    SHOWN = 20_000  # characters of a result drawn when opened: a megabyte would take the screen seconds to lay out
+
+    def __init__(self, content: str, call: str, refused: bool = False, failed: bool = False,
+                 branches: tuple[int, int] = (1, 1)) -> None:
+        super().__init__("tool", content, branches=branches)
+        self.call, self.refused, self.failed = call, refused, failed
+
+    def label(self) -> str:
+        which, of = self.branches
+        return f"Tool · {self.call}" + (f"  ← {which}/{of} →" if of > 1 else "")
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.label(), classes="role")
+        what = "refused" if self.refused else "failed" if self.failed else f"result · {len(self.content):,} characters"
+        with Collapsible(title=what, collapsed=True, classes="result"):
+            cut = len(self.content) - self.SHOWN
+            yield Static(Text(self.content[:self.SHOWN] + (f"\n… {cut:,} more characters (in the export)" if cut > 0
+                                                            else "")))
+
+    def on_mount(self, event: events.Mount) -> None:
+        event.prevent_default()  # a message's own set-up (provenance, summary, thinking) is not this view's
+
+    def toggle_thinking(self) -> bool:
+        return False
+
+    def show_provenance(self, on: bool) -> None:
+        pass
+
+
+def call_line(name: str, arguments: str, limit: int = 200) -> str:
+    """A call as one line: the tool and its arguments, cut where they run long."""
+    line = f"{name}({' '.join(arguments.split())})"
+    return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
 class StatsPanel(Vertical):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Iterator, Sequence
 
 from specchat.decoding.engine import GenerationConfig
 from specchat.decoding.events import Done, Prefill, Source, Stats, Step, Token
 from specchat.decoding.guessers import GUESSERS
-from specchat.llama.template import Message
+from specchat.llama.template import Message, ToolCall
 from specchat.service.backend import Baseline
 from specchat.service.events import BackendEvent, Notice
 
@@ -23,6 +24,7 @@ class FakeBackend:
     guesser_asked = False
     n_ctx = 4096
     thinking_switch: str | None = None
+    offers_tools = True
 
     def __init__(self, answer: str = "Hello **world**, this is a scripted answer.",
                  pause_after: int | None = None, notice: str | None = None,
@@ -39,6 +41,10 @@ class FakeBackend:
         self.pause_after = pause_after  # steps after which each generation waits for a cancel or a resume
         self.calls: list[tuple[list[Message], str]] = []
         self.thinks: list[bool | None] = []  # each call's thinking switch
+        self.offered: list[list[str]] = []  # each call's tools, by name
+        # What the model calls when it is offered tools: each answer takes the first entry (its calls), its Done
+        # then ending with reason "tool_calls", as the conversation service's does.
+        self.tool_script: list[tuple[ToolCall, ...]] = []
         self.paused = threading.Event()  # some generation has paused
         self.pauses = 0  # how many times a generation has paused
         self._resume = threading.Semaphore(0)
@@ -84,14 +90,19 @@ class FakeBackend:
         return len(text.split())
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-             cancel: threading.Event, think: bool | None = None) -> Iterator[BackendEvent]:
+             cancel: threading.Event, think: bool | None = None,
+             tools: Sequence[dict] | None = None) -> Iterator[BackendEvent]:
         self.calls.append((list(messages), guesser))
         self.thinks.append(think)
+        self.offered.append([t["function"]["name"] for t in tools or ()])
+        calls = self.tool_script.pop(0) if tools and self.tool_script else ()
         self._note("start", +1)
         done = False
         try:
             with self.lock:
                 for event in self._generate(cancel):
+                    if isinstance(event, Done) and calls and event.reason != "cancelled":
+                        event = replace(event, calls=calls, reason="tool_calls")
                     if isinstance(event, Done):
                         self.last_done, done = event, True
                         # Over, as far as the engine goes: what follows is the consumer closing the generator.

@@ -39,11 +39,13 @@ def test_a_database_the_last_release_wrote_gains_thinking_and_branches_and_loses
     assert before.execute("PRAGMA user_version").fetchone()[0] == 4 and len(rows) == 7
     before.close()
     store = Store(path)
-    assert store.version == len(MIGRATIONS) == 6
+    assert store.version == len(MIGRATIONS) == 7
     after = store.db.execute("SELECT id, conversation_id, role, content, status, stats, model FROM messages")
     assert after.fetchall() == rows
     assert store.db.execute("SELECT id, title, server FROM conversations").fetchall() == conversations
-    assert all(m.thinking == "" for c in store.conversations() for m in store.messages(c.id))
+    assert all(m.thinking == "" and m.tool_calls == () and m.tool_call_id == "" for c in store.conversations()
+               for m in store.messages(c.id))
+    assert all(store.tools(c.id) is None for c in store.conversations())  # tools stay off until turned on
     assert [m.status for m in store.messages(1)][-1] == "partial"  # still marked interrupted
     # Each message now follows the one before it: one branch, in the order it was written.
     shown = store.messages(1)

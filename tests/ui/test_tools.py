@@ -1,0 +1,150 @@
+"""Tools in the app, driven by Textual's Pilot: the scripted backend makes the calls, a real MCP server (written
+with the SDK, tests/mcp_servers.py, over stdio) runs them. Each call is asked about before it runs; its result is
+stored with the conversation and shown folded; a refused call, a server that hangs and Esc at the question each end
+in one line, with the conversation intact."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from fakes import FakeBackend
+from pilot import answered, make_app, send, until
+from textual.widgets import Collapsible, Static
+
+from specchat.llama.template import ToolCall
+from specchat.mcptools.agent import REFUSED
+from specchat.mcptools.config import McpConfig, ServerEntry
+from specchat.mcptools.toolbox import Toolbox
+from specchat.ui.app import SpecchatApp
+from specchat.ui.tools import ToolCallScreen, ToolsScreen
+from specchat.ui.widgets import ToolView
+
+pytest.importorskip("mcp", reason="the tools extra (pip install -e '.[tools]') is not installed")
+from mcp_servers import SCRIPT  # noqa: E402  (it imports the MCP SDK)
+
+ECHO = ToolCall("echo", '{"text": "saffron and eggs"}', "call_1")
+
+
+def toolbox(timeout_s: float = 20.0) -> Toolbox:
+    return Toolbox(McpConfig((ServerEntry("notes", command=sys.executable, args=(SCRIPT,)),), timeout_s=timeout_s))
+
+
+async def choose_all_tools(pilot, app: SpecchatApp) -> None:
+    """F5, every tool ticked, saved: this conversation offers them all."""
+    await until(pilot, lambda: app.ready, "models to load")
+    await pilot.press("f5")
+    await until(pilot, lambda: isinstance(app.screen, ToolsScreen), "the tools dialog", timeout=60)
+    await pilot.press("ctrl+a", "enter")
+    await until(pilot, lambda: app.chat.conversation.tools, "the tools chosen")
+
+
+async def asked(pilot, app: SpecchatApp) -> ToolCallScreen:
+    await until(pilot, lambda: isinstance(app.screen, ToolCallScreen), "the question about the call", timeout=60)
+    return app.screen  # type: ignore[return-value]
+
+
+def roles(app: SpecchatApp) -> list[str]:
+    return [m.role for m in app.chat.conversation.messages()]
+
+
+async def test_a_call_allowed_runs_and_its_result_is_stored_shown_folded_and_answered(tmp_path):
+    backend = FakeBackend("The note says saffron and eggs.")
+    backend.tool_script = [(ECHO,)]
+    app = make_app(tmp_path, backend, toolbox_factory=lambda: toolbox())
+    async with app.run_test(size=(140, 50)) as pilot:
+        await choose_all_tools(pilot, app)
+        assert "echo" in app.chat.conversation.tools and "block" in app.chat.conversation.tools
+        await send(pilot, app, "What does echo say?")
+        question = await asked(pilot, app)
+        assert "echo" in str(question.query_one("#tool-arguments", Static).render()) or question.call == ECHO
+        assert '"saffron and eggs"' in str(question.query_one("#tool-arguments", Static).render())
+        await pilot.press("y")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the answer after the call", timeout=60)
+        assert roles(app) == ["user", "assistant", "tool", "assistant"]
+        stored = app.chat.conversation.messages()
+        assert stored[1].tool_calls == ({"id": "call_1", "name": "echo", "arguments": ECHO.arguments},)
+        assert (stored[2].content, stored[2].tool_call_id) == ("saffron and eggs", "call_1")
+        # The answer after the call was asked with its result, and with the tools still offered.
+        second, _ = backend.calls[1]
+        assert [(m.role, m.content) for m in second[-2:]][-1] == ("tool", "saffron and eggs")
+        assert "echo" in backend.offered[0] and "echo" in backend.offered[1]
+        view = app.chat.query_one(ToolView)
+        assert view.call == 'echo({"text": "saffron and eggs"})' and view.query_one(Collapsible).collapsed
+        assert not app.generating
+        # Opened again (as after a restart), the call and its result are drawn the same way.
+        app.chat.open(app.chat.conversation)
+        await pilot.pause()
+        [again] = app.chat.query(ToolView)
+        assert again.call == view.call and again.content == "saffron and eggs"
+
+
+async def test_a_refused_call_is_not_run_and_the_model_is_told_so(tmp_path):
+    backend = FakeBackend("I could not read it.")
+    backend.tool_script = [(ToolCall("pid", "{}", "call_1"),)]
+    app = make_app(tmp_path, backend, toolbox_factory=lambda: toolbox())
+    async with app.run_test(size=(140, 50)) as pilot:
+        await choose_all_tools(pilot, app)
+        await send(pilot, app, "Which process are you?")
+        await asked(pilot, app)
+        await pilot.press("n")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the answer after the refusal", timeout=60)
+        assert roles(app) == ["user", "assistant", "tool", "assistant"]
+        result = app.chat.conversation.messages()[2]
+        assert result.content == REFUSED and result.stats == {"refused": True, "failed": False}
+        assert app.chat.query_one(ToolView).refused
+
+
+async def test_a_server_that_hangs_gives_one_line_and_the_conversation_goes_on(tmp_path):
+    backend = FakeBackend("The tool did not answer.")
+    backend.tool_script = [(ToolCall("block", "{}", "call_1"),)]
+    app = make_app(tmp_path, backend, toolbox_factory=lambda: toolbox(timeout_s=1.0))
+    async with app.run_test(size=(140, 50)) as pilot:
+        await choose_all_tools(pilot, app)
+        await send(pilot, app, "Wait for the block tool")
+        await asked(pilot, app)
+        await pilot.press("y")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the answer after the timeout", timeout=60)
+        result = app.chat.conversation.messages()[2]
+        assert "timed out after 1 s" in result.content and "\n" not in result.content
+        assert result.stats == {"refused": False, "failed": True}
+        assert roles(app) == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_esc_at_the_question_refuses_the_call_and_stops(tmp_path):
+    backend = FakeBackend("Never shown.")
+    backend.tool_script = [(ECHO,)]
+    app = make_app(tmp_path, backend, toolbox_factory=lambda: toolbox())
+    async with app.run_test(size=(140, 50)) as pilot:
+        await choose_all_tools(pilot, app)
+        await send(pilot, app, "What does echo say?")
+        await asked(pilot, app)
+        app.chat.action_stop()  # Esc on the chat: the question closes, the call is refused, the answer stops
+        await until(pilot, lambda: not app.generating, "the generation to end", timeout=30)
+        assert not isinstance(app.screen, ToolCallScreen)
+        messages = app.chat.conversation.messages()
+        assert [m.role for m in messages][:3] == ["user", "assistant", "tool"] and messages[2].content == REFUSED
+        assert all(m.status != "partial" for m in messages)
+
+
+async def test_without_a_configured_server_f5_says_so_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no config.toml: no [mcp.servers]
+    app = make_app(tmp_path, FakeBackend())
+    async with app.run_test(size=(140, 50)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        await pilot.press("f5")
+        await until(pilot, lambda: any(n.severity == "error" for n in app._notifications), "the error", timeout=30)
+        [error] = [n.message for n in app._notifications if n.severity == "error"]
+        assert "no MCP server is configured" in error and "[mcp.servers.NAME]" in error and "\n" not in error
+        assert app.chat.conversation.tools is None and not isinstance(app.screen, ToolsScreen)
+
+
+async def test_tools_stay_off_until_chosen_and_nothing_starts(tmp_path):
+    started = []
+    backend = FakeBackend("Plain.")
+    backend.tool_script = [(ECHO,)]
+    app = make_app(tmp_path, backend, toolbox_factory=lambda: started.append(1) or toolbox())
+    async with app.run_test(size=(140, 50)) as pilot:
+        await send(pilot, app, "Hello")
+        await until(pilot, lambda: answered(app), "the answer")
+        assert backend.offered == [[]] and roles(app) == ["user", "assistant"] and started == []
