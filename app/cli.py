@@ -7,13 +7,19 @@ import difflib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from specchat.decoding.guessers import GUESSERS, REGISTRY
 from specchat.errors import SpecchatError
 from specchat.models.catalog import size_text
 from specchat.service import choices
 from specchat.service.choices import ModelChoice
+
+if TYPE_CHECKING:  # the commands import what they run when they run: `specchat --help` loads none of it
+    from specchat.decoding.engine import GenerationConfig
+    from specchat.llama.template import Message
+    from specchat.mcptools.toolbox import Toolbox
+    from specchat.service.chat import ChatService
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,7 +219,7 @@ def _settings():  # type: ignore[no-untyped-def]
 
     settings, problems = load_settings()
     for problem in problems:
-        print(f"specchat: warning: {problem}", file=sys.stderr)
+        _warn(problem)
     return settings
 
 
@@ -306,16 +312,12 @@ def _generate(args: argparse.Namespace) -> int:
     settings = _settings()
     config = _generation_config(args, settings)
     tools = _tools(args) if args.tools else None  # a missing extra or no server configured: said before loading
-
-    def warn(line: str) -> None:
-        print(f"specchat: warning: {line}", file=sys.stderr)
-
     # --guesser draft without a draft, or a chat with a base model: one line saying why, and nothing before it.
-    service = open_local(_choice(args, settings), _progress, guesser=args.guesser, warn=warn, chat=not args.raw,
+    service = open_local(_choice(args, settings), _progress, guesser=args.guesser, warn=_warn, chat=not args.raw,
                          think=args.think)
     guesser, instead = choices.guesser(args.guesser, settings, service.guessers)
     if instead is not None:
-        warn(instead)
+        _warn(instead)
     printer = _AnswerPrinter(guesser)
     if args.raw:
         printer.print_all(service.complete(args.prompt, config, guesser))
@@ -324,31 +326,41 @@ def _generate(args: argparse.Namespace) -> int:
     messages = ([Message("system", system)] if system else []) + [Message("user", args.prompt)]
     think, instead = choices.thinking(args.think, settings, service.thinking_switch)
     if instead is not None:
-        warn(instead)
+        _warn(instead)
     variables = service.template_variables(think)
     if tools is None:
         printer.print_all(service.chat(messages, config, guesser, variables=variables))
         return 0
+    with tools:
+        printer.print_all(_with_tools(args, tools, service, messages, config, guesser, variables))
+    return 0
+
+
+def _with_tools(args: argparse.Namespace, tools: Toolbox, service: ChatService, messages: list[Message],
+                config: GenerationConfig, guesser: str, variables: dict[str, Any]) -> Iterator[Any]:
+    """The answers and tool calls of `generate --tools`: the MCP servers started, the model offered their tools
+    for --tool-rounds rounds, each call run as --allow-tools or the terminal says."""
     from specchat.mcptools.agent import Choice, agent_loop
 
-    with tools:
-        for line in tools.start():
-            warn(line)
-        schemas = tools.schemas()
-        rounds = 0
+    for line in tools.start():
+        _warn(line)
+    schemas = tools.schemas()
+    rounds = 0
 
-        def answer(conversation: list[Message], offered: bool) -> Any:
-            nonlocal rounds  # the choice is the first answer's: a forced call every round would never end
-            rounds += 1
-            if not offered:  # the bound is reached: the answer is in words
-                return service.chat(conversation, config, guesser, variables=variables)
-            choice = _tool_choice(args.tool_choice) if rounds == 1 else "auto"
-            return service.chat(conversation, config, guesser, variables=variables, tools=schemas, tool_choice=choice)
+    def answer(conversation: Sequence[Message], offered: bool) -> Iterator[Any]:
+        nonlocal rounds  # the choice is the first answer's: a forced call every round would never end
+        rounds += 1
+        if not offered:  # the bound is reached: the answer is in words
+            return service.chat(conversation, config, guesser, variables=variables)
+        choice = _tool_choice(args.tool_choice) if rounds == 1 else "auto"
+        return service.chat(conversation, config, guesser, variables=variables, tools=schemas, tool_choice=choice)
 
-        printer.print_all(agent_loop(
-            answer, messages, tools.call, (lambda _call: Choice.ONCE) if args.allow_tools else _ask_on_terminal,
-            args.tool_rounds))
-    return 0
+    return agent_loop(answer, messages, tools.call,
+                      (lambda _call: Choice.ONCE) if args.allow_tools else _ask_on_terminal, args.tool_rounds)
+
+
+def _warn(line: str) -> None:
+    print(f"specchat: warning: {line}", file=sys.stderr)
 
 
 class _AnswerPrinter:
@@ -413,7 +425,7 @@ class _AnswerPrinter:
             self.thinking = False
 
 
-def _tools(args: argparse.Namespace) -> Any:
+def _tools(args: argparse.Namespace) -> Toolbox:
     from specchat.mcptools.toolbox import configured
 
     if args.tool_rounds < 0:
@@ -460,7 +472,7 @@ def _prompt(args: argparse.Namespace) -> int:
         template = ChatPrompter(target).template
         think, instead = choices.thinking(args.think, settings, template.switch)
         if instead is not None:
-            print(f"specchat: warning: {instead}", file=sys.stderr)
+            _warn(instead)
         messages = conversation.prompt_messages(settings.system_prompt)
         messages += [Message("user", args.then)] if args.then is not None else []
         sys.stdout.write(template.render(messages, variables=template.variables(think)))

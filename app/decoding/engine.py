@@ -59,34 +59,14 @@ class Engine:
 
     def generate(self, prompt: Sequence[int], config: GenerationConfig = GenerationConfig(),
                  cancel: threading.Event | None = None) -> Iterator[Event]:
-        if not prompt:
-            raise ValueError("the prompt must hold at least one token")
-        if len(prompt) >= self.target.n_ctx:
-            raise ContextFull(f"the prompt is {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
-                              "shorten it or raise --ctx")
+        """The answer to `prompt` as events: a Prefill, a Step per target step, and a Done, sooner where
+        `cancel` is set, the context fills or the answer ends."""
+        k_max = self._draft_length(prompt, config)
         sampling = config.sampling
         rng = np.random.default_rng(sampling.seed)
-        k_max = self.guesser.default_draft_length if config.draft_length is None else config.draft_length
-        if k_max + 1 > self.target.n_batch:  # the guesses and the pending token are verified in one batch
-            raise SpecchatError(f"the draft length {k_max} does not fit llama.cpp's batch of {self.target.n_batch} "
-                                f"tokens; use at most {self.target.n_batch - 1}")
-        session = self.target.session
         text = TextStream(config.stop)
-
-        t0 = time.perf_counter()
-        # The last prompt token stays pending: the first step evaluates it with the guesses.
-        cached = session.prefill(prompt)
-        self.guesser.prepare(prompt)
-        # One matcher per generation, following the answer's committed tokens: a generation cancelled between
-        # steps leaves nothing behind in it, and the next starts from the grammar's start.
-        matcher = config.constraint.start() if config.constraint is not None else None
-        # Drafters that sample under the grammar make guesses that hold; set for every generation, so that none
-        # drafts under an earlier one's. (Guessers without it draft as they would: the rule stays exact.)
-        constrain = getattr(self.guesser, "constrain", None)
-        if constrain is not None:
-            constrain(None if matcher is None else matcher.after)
-        stats = Stats(n_prompt=len(prompt), cached=cached, prefill_s=time.perf_counter() - t0)
-        yield Prefill(len(prompt), cached, stats.prefill_s)
+        matcher, stats = self._begin(prompt, config)
+        yield Prefill(len(prompt), stats.cached, stats.prefill_s)
 
         t_decode = last_end = time.perf_counter()
         context = list(prompt)
@@ -106,35 +86,71 @@ class Engine:
             new = [*r.kept, r.token]
             if matcher is not None:  # the answer so far, as the cache holds it; an end token ends it
                 matcher.consume(new[:next((i for i, t in enumerate(new) if self.target.is_eog(t)), len(new))])
-            last = Source.PLAIN if not r.proposal.tokens else Source.BONUS if r.bonus else Source.CORRECTION
-            sources = [Source.DRAFT] * len(r.kept) + [last]
-            tokens, released = [], []
-            # Token by token, as plain decoding would: a stop string or an end-of-generation token
-            # inside the accepted run ends it there, and what follows is neither shown nor counted.
-            for tok, src in zip(new, sources):
-                generated.append(tok)
-                if self.target.is_eog(tok):
-                    reason = "eog"
-                    break
-                tokens.append(Token(tok, text.decode(self.target.piece(tok)), src))
-                released.append(text.push(tokens[-1].text))
-                if text.stopped:
-                    reason = "stop"
-                    break
+            step = self._release(r, new, text, generated, last_end)
             context.extend(new)
-            answer.append("".join(released))
-            now = time.perf_counter()
-            step = Step(tuple(tokens), answer[-1], drafted=len(r.proposal.tokens), accepted=len(r.kept),
-                        draft_s=r.draft_s, verify_s=r.verify_s, guesser=r.proposal.guesser, rollback_s=r.rollback_s,
-                        sync_s=r.proposal.sync_s, ended=reason == "eog", span_s=now - last_end)
-            last_end = now
+            answer.append(step.text)
+            last_end += step.span_s  # the next step's span starts where this one's ended
             self.guesser.observe(step.drafted, step.accepted, step.draft_s)
             stats = stats.add_step(step)
             yield step
-            if reason in ("eog", "stop"):
+            if step.ended or text.stopped:
+                reason = "eog" if step.ended else "stop"
                 break
         answer.append(text.flush())
         yield Done(reason, "".join(answer), tuple(generated), replace(stats, wall_s=time.perf_counter() - t_decode))
+
+    def _draft_length(self, prompt: Sequence[int], config: GenerationConfig) -> int:
+        """The most tokens a step may guess, once the prompt is known to fit the context and the guesses with
+        the pending token llama.cpp's batch."""
+        if not prompt:
+            raise ValueError("the prompt must hold at least one token")
+        if len(prompt) >= self.target.n_ctx:
+            raise ContextFull(f"the prompt is {len(prompt)} tokens but the context holds {self.target.n_ctx}; "
+                              "shorten it or raise --ctx")
+        k_max = self.guesser.default_draft_length if config.draft_length is None else config.draft_length
+        if k_max + 1 > self.target.n_batch:  # the guesses and the pending token are verified in one batch
+            raise SpecchatError(f"the draft length {k_max} does not fit llama.cpp's batch of {self.target.n_batch} "
+                                f"tokens; use at most {self.target.n_batch - 1}")
+        return k_max
+
+    def _begin(self, prompt: Sequence[int], config: GenerationConfig) -> tuple[Matcher | None, Stats]:
+        """The prompt into the cache, the guesser told of it, and the answer's grammar started: its matcher
+        (None: no grammar) and the figures the steps add to."""
+        t0 = time.perf_counter()
+        # The last prompt token stays pending: the first step evaluates it with the guesses.
+        cached = self.target.session.prefill(prompt)
+        self.guesser.prepare(prompt)
+        # One matcher per generation, following the answer's committed tokens: a generation cancelled between
+        # steps leaves nothing behind in it, and the next starts from the grammar's start.
+        matcher = config.constraint.start() if config.constraint is not None else None
+        # Drafters that sample under the grammar make guesses that hold; set for every generation, so that none
+        # drafts under an earlier one's. (Guessers without it draft as they would: the rule stays exact.)
+        constrain = getattr(self.guesser, "constrain", None)
+        if constrain is not None:
+            constrain(None if matcher is None else matcher.after)
+        return matcher, Stats(n_prompt=len(prompt), cached=cached, prefill_s=time.perf_counter() - t0)
+
+    def _release(self, r: Round, new: list[int], text: TextStream, generated: list[int], since: float) -> Step:
+        """The step event of a round's tokens (`new`: the kept guesses, then the target's token), released token
+        by token as plain decoding would: a stop string or an end-of-generation token inside the accepted run
+        ends it there, and what follows is neither shown nor counted. Each token produced is added to
+        `generated`; the step's span runs from `since` to now."""
+        last = Source.PLAIN if not r.proposal.tokens else Source.BONUS if r.bonus else Source.CORRECTION
+        sources = [Source.DRAFT] * len(r.kept) + [last]
+        tokens, released = [], []
+        ended = False
+        for tok, src in zip(new, sources):
+            generated.append(tok)
+            if self.target.is_eog(tok):
+                ended = True
+                break
+            tokens.append(Token(tok, text.decode(self.target.piece(tok)), src))
+            released.append(text.push(tokens[-1].text))
+            if text.stopped:
+                break
+        return Step(tuple(tokens), "".join(released), drafted=len(r.proposal.tokens), accepted=len(r.kept),
+                    draft_s=r.draft_s, verify_s=r.verify_s, guesser=r.proposal.guesser, rollback_s=r.rollback_s,
+                    sync_s=r.proposal.sync_s, ended=ended, span_s=time.perf_counter() - since)
 
     def _step(self, context: list[int], k: int, sampling: SamplingConfig, rng: np.random.Generator,
               matcher: Matcher | None = None) -> Round:

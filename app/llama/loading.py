@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 import llama_cpp
-from llama_cpp import _logger
+from llama_cpp import _internals, _logger
 
 from specchat.errors import SpecchatError
 
@@ -104,6 +104,18 @@ def load_error(path: Path, log: list[str]) -> SpecchatError:
                              "architecture, or upgrade llama-cpp-python")
     return SpecchatError(f"llama.cpp could not load {path}: {reason}; the file is truncated or damaged, fetch it "
                          "again (`specchat pull NAME`) or copy it anew")
+
+
+def open_gguf(path: Path, params: llama_cpp.llama_model_params) -> _internals.LlamaModel:
+    """A GGUF file loaded by llama.cpp with `params`: checked before llama.cpp reads it, and a file it refuses is
+    one line saying why."""
+    check_gguf(path)
+    ensure_backend()
+    with llama_errors() as log:
+        try:
+            return _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
+        except ValueError:
+            raise load_error(path, log) from None
 
 
 def ensure_backend() -> None:

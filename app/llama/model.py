@@ -17,7 +17,7 @@ from llama_cpp import _internals
 
 from specchat.errors import SpecchatError
 from specchat.llama.cores import FITTER
-from specchat.llama.loading import check_gguf, ensure_backend, extra_buffers, llama_errors, load_error
+from specchat.llama.loading import extra_buffers, llama_errors, open_gguf
 from specchat.llama.mtp import ASSISTANTS
 from specchat.llama.session import Memory, Session
 
@@ -38,28 +38,42 @@ class Model:
                  n_batch: int = 512, n_gpu_layers: int | None = None, swa_full: bool = True,
                  tree_branches: int | None = None) -> None:
         self.path = Path(path)
-        check_gguf(self.path)
-        ensure_backend()
+        gpu_layers = _OFFLOAD_ALL_LAYERS if n_gpu_layers is None or n_gpu_layers < 0 else n_gpu_layers
         mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = _OFFLOAD_ALL_LAYERS if n_gpu_layers is None or n_gpu_layers < 0 else n_gpu_layers
+        mparams.n_gpu_layers = gpu_layers
         mparams.use_extra_bufts = extra_buffers()
         mparams.load_mtp = True  # a model's own MTP (NextN) layers, for the mtp guesser; none: nothing
-        with llama_errors() as log:
-            try:
-                self._model = _internals.LlamaModel(path_model=str(self.path), params=mparams, verbose=False)
-            except ValueError:
-                raise load_error(self.path, log) from None
+        self._model = open_gguf(self.path, mparams)
+        self._refuse_assistant()
+        self.n_threads = n_threads or max(1, os.cpu_count() or 1)  # the most it uses
+        self.threads = self.n_threads  # what it uses now (fewer while other programs take cores: `cores`)
+        self.fitted = n_threads is None  # a thread count given is kept
+        model = self._model.model
+        self.recurrent = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
+        n_batch = min(n_batch, n_ctx)  # llama.cpp asserts a batch never exceeds the context
+        self._open_context(self._context_params(n_ctx, n_batch, gpu_layers, swa_full, tree_branches))
+        self._read_back(n_batch)
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._shown: set[int] = set()  # control tokens whose text is shown all the same (`show`)
+        self._controls: dict[str, int] | None = None  # every control token, by its text (read once, by `show`)
+        self.session = Session(self)
+        if self.fitted:
+            FITTER.contexts.add(self)
+
+    def _refuse_assistant(self) -> None:
+        """Fail with one line where the file is another model's MTP layers, not a model of its own."""
         arch = self._model.metadata().get("general.architecture", "")
         if arch in ASSISTANTS:
             self._model.close()
             raise SpecchatError(f"{self.path.name} is a {arch} file: the MTP layers of another model, not a model of "
                                 "its own; give it as --draft to the model it was made for")
-        self.n_threads = n_threads or max(1, os.cpu_count() or 1)  # the most it uses
-        self.threads = self.n_threads  # what it uses now (fewer while other programs take cores: `cores`)
-        self.fitted = n_threads is None  # a thread count given is kept
+
+    def _context_params(self, n_ctx: int, n_batch: int, gpu_layers: int, swa_full: bool,
+                        tree_branches: int | None) -> llama_cpp.llama_context_params:
+        """The context asked of llama.cpp: its size, batch and threads, and what the memory needs to take guesses
+        back (snapshots for a recurrent state, sequences over one cache for trees)."""
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx
-        n_batch = min(n_batch, n_ctx)  # llama.cpp asserts a batch never exceeds the context
         cparams.n_batch = cparams.n_ubatch = n_batch
         cparams.n_threads = cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
@@ -67,29 +81,35 @@ class Model:
         # positions can then be dropped from the end at any depth, as in any attention cache. The smaller
         # one reuses the cells that fell out of the window, and a rewind past them would read garbage.
         cparams.swa_full = swa_full  # False only to measure what the full size costs (`specchat costs`)
-        model = self._model.model
-        self.recurrent = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
         if self.recurrent:
             cparams.n_rs_seq = ROLLBACK_SNAPSHOTS  # llama.cpp grants none where the architecture cannot
-        else:
-            # A tree of guesses is verified as several sequences over one cache (`Session.decode_tree`):
-            # unified, so that they share the context's cells rather than each getting a slice of them.
-            # By default only where verifying more positions is nearly free (offloaded to a GPU): on a CPU
-            # trees do not pay, and such a context gains nothing there (bench/tree_context: 0.96x to
-            # 1.03x plain and lookup speed on this project's 2-core CPU, within noise).
-            if tree_branches is None:
-                offload = mparams.n_gpu_layers > 0 and llama_cpp.llama_supports_gpu_offload()
-                tree_branches = TREE_BRANCHES if offload else 1
-            if tree_branches > 1:
-                cparams.n_seq_max, cparams.kv_unified = tree_branches, True
+            return cparams
+        # A tree of guesses is verified as several sequences over one cache (`Session.decode_tree`):
+        # unified, so that they share the context's cells rather than each getting a slice of them.
+        # By default only where verifying more positions is nearly free (offloaded to a GPU): on a CPU
+        # trees do not pay, and such a context gains nothing there (bench/tree_context: 0.96x to
+        # 1.03x plain and lookup speed on this project's 2-core CPU, within noise).
+        if tree_branches is None:
+            offload = gpu_layers > 0 and llama_cpp.llama_supports_gpu_offload()
+            tree_branches = TREE_BRANCHES if offload else 1
+        if tree_branches > 1:
+            cparams.n_seq_max, cparams.kv_unified = tree_branches, True
+        return cparams
+
+    def _open_context(self, cparams: llama_cpp.llama_context_params) -> None:
+        """The context made, and what its caches take in memory read from llama.cpp's log (no API says)."""
         with llama_errors(level=2) as log:
             try:
                 self._ctx = _internals.LlamaContext(model=self._model, params=cparams, verbose=False)
             except ValueError:
-                raise SpecchatError(f"llama.cpp could not create a {n_ctx}-token context for {self.path} "
+                raise SpecchatError(f"llama.cpp could not create a {cparams.n_ctx}-token context for {self.path} "
                                     "(out of memory? try a smaller --ctx)") from None
-        # What the context's caches take in memory (attention, sliding window, recurrent state).
+        # every cache it allocated: attention, sliding window, recurrent state
         self.cache_mib = sum(float(m[1]) for line in log if (m := _CACHE_SIZE.search(line)))
+
+    def _read_back(self, n_batch: int) -> None:
+        """What llama.cpp made of the file and granted the context: sizes, the kind of memory, the name."""
+        model = self._model.model
         self.vocab = self._model.vocab
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx.ctx)
@@ -102,12 +122,6 @@ class Model:
         self.tree_branches = int(llama_cpp.llama_n_seq_max(self._ctx.ctx)) if not self.recurrent else 1
         self.metadata = self._model.metadata()
         self.name = self.metadata.get("general.name", self.path.stem)
-        self._piece_buf = ctypes.create_string_buffer(256)
-        self._shown: set[int] = set()  # control tokens whose text is shown all the same (`show`)
-        self._controls: dict[str, int] | None = None  # every control token, by its text (read once, by `show`)
-        self.session = Session(self)
-        if self.fitted:
-            FITTER.contexts.add(self)
 
     # --- tokenizer -------------------------------------------------------------------------
 

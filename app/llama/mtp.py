@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import llama_cpp
 import numpy as np
-from llama_cpp import _internals
 from llama_cpp import llama_cpp_ext as ext
 
 from specchat.errors import SpecchatError
 from specchat.llama.cores import FITTER
-from specchat.llama.loading import check_gguf, extra_buffers, llama_errors, load_error
+from specchat.llama.loading import extra_buffers, open_gguf
 
 if TYPE_CHECKING:
     from specchat.llama.model import Model
@@ -59,40 +58,10 @@ class MtpHead:
 
     def __init__(self, target: Model, assistant: Path | None = None) -> None:
         self.target, self._assistant = target, None
-        model = target._model.model
         what = f"{assistant.name}" if assistant is not None else f"the MTP layers of {target.path.name}"
-        if assistant is not None:
-            check_gguf(assistant)
-            params = llama_cpp.llama_model_default_params()
-            params.load_mtp, params.use_extra_bufts = True, extra_buffers()
-            with llama_errors() as log:
-                try:
-                    self._assistant = _internals.LlamaModel(path_model=str(assistant), params=params, verbose=False)
-                except ValueError:
-                    raise load_error(assistant, log) from None
-            model = self._assistant.model
-            mismatch = _assistant_mismatch(target.metadata, self._assistant.metadata())
-            if mismatch:
-                self.close()
-                raise SpecchatError(f"{what} was not made for {target.path.name}: {mismatch}")
-        if llama_cpp.llama_model_n_layer_nextn(model) < 1:
-            raise SpecchatError(f"{what}: no MTP (NextN) layers to draft with")
-        self.n_embd = int(llama_cpp.llama_model_n_embd_out(model) or llama_cpp.llama_model_n_embd(model))
-        target_embd = int(llama_cpp.llama_model_n_embd_out(target._model.model) or
-                          llama_cpp.llama_model_n_embd(target._model.model))
-        if self.n_embd != target_embd or llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)) \
-                != target.n_vocab:
-            self.close()
-            raise SpecchatError(f"{what} was not made for {target.path.name}: its hidden size or vocabulary differs")
-        p = llama_cpp.llama_context_default_params()
-        p.n_ctx, p.n_batch, p.n_ubatch = target.n_ctx, target.n_batch, target.n_batch
-        p.n_threads = p.n_threads_batch = target.n_threads
-        p.ctx_type, p.n_rs_seq, p.no_perf, p.swa_full = llama_cpp.LLAMA_CONTEXT_TYPE_MTP, 0, True, True
-        p.ctx_other = target._ctx.ctx
-        self._ctx = llama_cpp.llama_init_from_model(model, p)
-        if not self._ctx:
-            self.close()
-            raise SpecchatError(f"llama.cpp could not make an MTP context from {what}; the target runs without it")
+        model = target._model.model if assistant is None else self._load_assistant(assistant, what)
+        self._check_fits(model, what)
+        self._ctx = self._new_context(model, what)
         # The assistant reads the target's cache itself: nothing to follow, every draft step at one position.
         self.shared = bool(ext.llama_get_ctx_other(self._ctx))
         ext.llama_set_embeddings_nextn(target._ctx.ctx, True, False)  # h for every token the target decodes
@@ -112,6 +81,45 @@ class MtpHead:
         self.n_threads = self.threads = target.n_threads
         if target.fitted:  # the head's threads follow the free cores as the target's do
             FITTER.contexts.add(self)
+
+    def _load_assistant(self, assistant: Path, what: str) -> llama_cpp.llama_model_p:
+        """An assistant file's layers (Gemma 4's drafters), refused unless made for this target's shape."""
+        params = llama_cpp.llama_model_default_params()
+        params.load_mtp, params.use_extra_bufts = True, extra_buffers()
+        self._assistant = open_gguf(assistant, params)
+        mismatch = _assistant_mismatch(self.target.metadata, self._assistant.metadata())
+        if mismatch:
+            self.close()
+            raise SpecchatError(f"{what} was not made for {self.target.path.name}: {mismatch}")
+        return self._assistant.model
+
+    def _check_fits(self, model: llama_cpp.llama_model_p, what: str) -> None:
+        """Fail with one line unless `model` has MTP layers that read the target's hidden state and vocabulary;
+        sets the hidden size."""
+        target = self.target
+        if llama_cpp.llama_model_n_layer_nextn(model) < 1:
+            raise SpecchatError(f"{what}: no MTP (NextN) layers to draft with")
+        self.n_embd = int(llama_cpp.llama_model_n_embd_out(model) or llama_cpp.llama_model_n_embd(model))
+        target_embd = int(llama_cpp.llama_model_n_embd_out(target._model.model) or
+                          llama_cpp.llama_model_n_embd(target._model.model))
+        if self.n_embd != target_embd or llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)) \
+                != target.n_vocab:
+            self.close()
+            raise SpecchatError(f"{what} was not made for {target.path.name}: its hidden size or vocabulary differs")
+
+    def _new_context(self, model: llama_cpp.llama_model_p, what: str) -> llama_cpp.llama_context_p:
+        """llama.cpp's MTP context over `model`, beside the target's and of its size, batch and threads."""
+        target = self.target
+        p = llama_cpp.llama_context_default_params()
+        p.n_ctx, p.n_batch, p.n_ubatch = target.n_ctx, target.n_batch, target.n_batch
+        p.n_threads = p.n_threads_batch = target.n_threads
+        p.ctx_type, p.n_rs_seq, p.no_perf, p.swa_full = llama_cpp.LLAMA_CONTEXT_TYPE_MTP, 0, True, True
+        p.ctx_other = target._ctx.ctx
+        ctx = llama_cpp.llama_init_from_model(model, p)
+        if not ctx:
+            self.close()
+            raise SpecchatError(f"llama.cpp could not make an MTP context from {what}; the target runs without it")
+        return ctx
 
     def use_threads(self, n: int) -> None:
         if n != self.threads:

@@ -43,6 +43,22 @@ def is_chain(parents: Sequence[int]) -> bool:
     """Whether guesses with these parents (-1: after the pending token) form one branch, node i after i - 1."""
     return all(parent == i - 1 for i, parent in enumerate(parents))
 
+
+def tree_layout(parents: Sequence[int], leaves: Sequence[int]) -> tuple[list[int], list[set[int]]]:
+    """Each node's depth (0: right after the pending token) and the sequences it is in: each leaf's path is one,
+    numbered as `leaves` orders them, so a node is in those of the leaves below it."""
+    depth = [0] * len(parents)
+    seqs: list[set[int]] = [set() for _ in parents]
+    for s, leaf in enumerate(leaves):
+        node = leaf
+        while node != -1:
+            seqs[node].add(s)
+            node = parents[node]
+    for i, parent in enumerate(parents):
+        depth[i] = 0 if parent == -1 else depth[parent] + 1
+    return depth, seqs
+
+
 class Memory(enum.Enum):
     TRIM = "trim"
     ROLLBACK = "rollback"
@@ -305,26 +321,11 @@ class Session:
             raise ValueError(f"a tree of {len(tokens)} nodes and {len(leaves)} leaves needs an attention cache "
                              "with as many sequences, a batch that holds it, and nothing following the cache")
         start = len(self.tokens)
-        depth = [0] * len(tokens)
-        seqs: list[set[int]] = [set() for _ in tokens]
-        for s, leaf in enumerate(leaves):
-            node = leaf
-            while node != -1:
-                seqs[node].add(s)
-                node = parents[node]
-        for i, parent in enumerate(parents):
-            depth[i] = 0 if parent == -1 else depth[parent] + 1
+        depth, seqs = tree_layout(parents, leaves)
         if start + 2 + max(depth, default=-1) > self.model.n_ctx:
             raise ContextFull(f"the conversation needs {start + 2 + max(depth)} tokens but the context holds "
                               f"{self.model.n_ctx} (start a new conversation or raise --ctx)")
-        b = self._batch
-        b.n_tokens = 1 + len(tokens)
-        rows = [(pending, start, range(len(leaves)))] + [
-            (tok, start + 1 + depth[i], sorted(seqs[i])) for i, tok in enumerate(tokens)]
-        for i, (tok, pos, ids) in enumerate(rows):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, len(ids), True
-            for j, s in enumerate(ids):
-                b.seq_id[i][j] = s
+        b = self._fill_tree(pending, tokens, start, depth, seqs, len(leaves))
         try:
             self.tokens.append(pending)  # before the call: an interruption cuts back to `start`
             for s in range(1, len(leaves)):  # the context's cells, shared with every other path
@@ -338,6 +339,20 @@ class Session:
             raise
         self._tree = (leaves, list(parents), list(tokens))
         return self.last_logits(b.n_tokens)
+
+    def _fill_tree(self, pending: int, tokens: Sequence[int], start: int, depth: Sequence[int],
+                   seqs: Sequence[set[int]], n_leaves: int) -> llama_cpp.llama_batch:
+        """The batch of a tree after `start`: the pending token in every leaf's sequence, then each node at its
+        depth's position in the sequences of the leaves below it, every row asking for logits."""
+        b = self._batch
+        b.n_tokens = 1 + len(tokens)
+        rows = [(pending, start, range(n_leaves))] + [
+            (tok, start + 1 + depth[i], sorted(seqs[i])) for i, tok in enumerate(tokens)]
+        for i, (tok, pos, ids) in enumerate(rows):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, len(ids), True
+            for j, s in enumerate(ids):
+                b.seq_id[i][j] = s
+        return b
 
     def keep_path(self, path: Sequence[int]) -> None:
         """After `decode_tree`: keep the nodes of `path` (root first, a path down the tree) after the

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import llama_cpp
-from llama_cpp import _internals
 
 from specchat.errors import SpecchatError
-from specchat.llama.loading import check_gguf, ensure_backend, llama_errors, load_error
+from specchat.llama.loading import open_gguf
 
 # Vocabularies may differ by a few extra entries (padding, added special tokens) at the end:
 # the catalog's Qwen2.5 7B has 152,064 tokens and its 0.5B draft 151,936. Beyond this, they are
@@ -38,15 +37,9 @@ class VocabFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        check_gguf(self.path)
-        ensure_backend()
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
-        with llama_errors() as log:
-            try:
-                self._model = _internals.LlamaModel(path_model=str(self.path), params=params, verbose=False)
-            except ValueError:
-                raise load_error(self.path, log) from None
+        self._model = open_gguf(self.path, params)
         self._vocab = self._model.vocab
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.metadata: dict[str, Any] = self._model.metadata()

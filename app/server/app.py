@@ -56,11 +56,20 @@ def error(status: int, message: str, param: str | None = None, code: str | None 
 
 
 def create_app(service: ChatService, model_id: str, worker: Worker, api_key: str | None = None) -> FastAPI:
+    """The routes over `service`, each answer a job for `worker`; with `api_key`, every route but /health wants it."""
     app = FastAPI(title="specchat", docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app)
     app.add_middleware(RequestBodyLimitMiddleware, max_body_size=MAX_BODY)  # counts bodies sent in chunks too
     app.add_middleware(_DeclaredSizeLimit)  # outside it: a declared length over the limit, answered at once
     authorized = [Depends(_bearer(api_key))] if api_key else []
+    _add_status_routes(app, service, model_id, worker, authorized)
+    _add_completion_routes(app, service, model_id, worker, authorized)
+    return app
+
+
+def _add_status_routes(app: FastAPI, service: ChatService, model_id: str, worker: Worker,
+                       authorized: list[Any]) -> None:
+    """What the server is: its health and queue (asked without the key), and its one model."""
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -74,6 +83,12 @@ def create_app(service: ChatService, model_id: str, worker: Worker, api_key: str
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "specchat",
                                             "meta": {"n_ctx": service.n_ctx, "guessers": service.guessers}}]}
+
+
+def _add_completion_routes(app: FastAPI, service: ChatService, model_id: str, worker: Worker,
+                           authorized: list[Any]) -> None:
+    """The answers: chat completions (with tools, where a request gives them) and text completions, each a job
+    for the worker."""
 
     @app.post("/v1/chat/completions", dependencies=authorized)
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
@@ -100,8 +115,6 @@ def create_app(service: ChatService, model_id: str, worker: Worker, api_key: str
             return service.complete(prompt, config, body.guesser, cancel)
 
         return await _respond(request, worker, work, body, _Shape(model_id, chat=False))
-
-    return app
 
 
 def _first_call_only(events: Iterator[ChatEvent]) -> Iterator[ChatEvent]:

@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -200,80 +201,69 @@ class RemoteBackend:
 
         before = self._counters() if self.has_metrics else {}
         s = config.sampling
-        # llama-server and vLLM take top_k and min_p; specchat serve also a guesser and a draft length.
-        extra = {k: v for k, v in (("top_k", s.top_k), ("min_p", s.min_p), ("draft_length", config.draft_length))
-                 if v is not None and v != 0}
-        if guesser != "auto":
-            extra["guesser"] = guesser
-        if think is not None:  # llama-server, vLLM and specchat serve hand these to the chat template
-            extra["chat_template_kwargs"] = {"enable_thinking": think}
-        t0 = time.perf_counter()
+        got = _Received(time.perf_counter())
         try:
             stream = client.chat.completions.create(
                 model=self.model or "", messages=[_wire(m) for m in messages],
                 stream=True, stream_options={"include_usage": True}, temperature=s.temperature, top_p=s.top_p,
-                max_tokens=config.max_tokens, seed=s.seed, stop=list(config.stop) or None, extra_body=extra or None)
+                max_tokens=config.max_tokens, seed=s.seed, stop=list(config.stop) or None,
+                extra_body=_extra_body(config, guesser, think) or None)
         except openai.APIError as e:
             raise SpecchatError(self._explain(e)) from None
+        yield from self._relay(stream, cancel, got)
+        yield self._done(got, before, cancel.is_set())
+
+    def _relay(self, stream: Any, cancel: threading.Event, got: _Received) -> Iterator[BackendEvent]:
+        """The server's stream as a Prefill at its first text and a Chunk for each piece of text after it, until
+        it ends or `cancel` is set; what it says of the answer kept in `got`."""
+        import openai
+
         ended = threading.Event()
         # Esc closes the HTTP stream at once, even while the server is silent (a long prefill): the
         # server sees the connection go and stops generating.
         watcher = threading.Thread(target=_close_on_cancel, args=(stream, cancel, ended), daemon=True)
         watcher.start()
-        text: list[str] = []
-        thinking: list[str] = []
-        timings: Mapping[str, Any] | None = None
-        usage = None
-        finish: str | None = None
-        first = last = None
-        chunks = 0
         try:
-            try:
-                for chunk in stream:
-                    if cancel.is_set():
-                        break
-                    timings = (chunk.model_extra or {}).get("timings") or timings
-                    usage = chunk.usage or usage
-                    for choice in chunk.choices[:1]:
-                        finish = choice.finish_reason or finish
-                        delta = choice.delta
-                        piece = (delta.content if delta is not None else None) or ""
-                        # llama-server's and vLLM's field for a reasoning model's thinking (the openai
-                        # client keeps fields it does not know in model_extra).
-                        thought = ((delta.model_extra or {}).get("reasoning_content") if delta is not None else
-                                   None) or ""
-                        if not piece and not thought:
-                            continue
-                        now = time.perf_counter()
-                        if first is None:
-                            first = now
-                            yield Prefill(0, 0, now - t0)
-                        chunks += 1
-                        text.append(piece)
-                        thinking.append(thought)
-                        yield Chunk(piece, now - (last or now), thought)
-                        last = now
-            except (openai.APIError, OSError, RuntimeError) as e:
-                # A stream closed by the watcher fails in whatever way the transport fails.
-                if not cancel.is_set():
-                    raise SpecchatError(self._explain(e) if isinstance(e, openai.APIError) else
-                                        f"the connection to {self.root} broke: {e}") from None
+            for chunk in stream:
+                if cancel.is_set():
+                    break
+                piece, thought = got.take(chunk)
+                if not piece and not thought:
+                    continue
+                now = time.perf_counter()
+                if got.first is None:
+                    got.first = now
+                    yield Prefill(0, 0, now - got.t0)
+                got.chunks += 1
+                got.text.append(piece)
+                got.thinking.append(thought)
+                yield Chunk(piece, now - (got.last or now), thought)
+                got.last = now
+        except (openai.APIError, OSError, RuntimeError) as e:
+            # A stream closed by the watcher fails in whatever way the transport fails.
+            if not cancel.is_set():
+                raise SpecchatError(self._explain(e) if isinstance(e, openai.APIError) else
+                                    f"the connection to {self.root} broke: {e}") from None
         finally:
             ended.set()
             stream.close()
-        reason = "cancelled" if cancel.is_set() else {"length": "max_tokens", "stop": "eog"}.get(finish or "", "eog")
+
+    def _done(self, got: _Received, before: Mapping[str, float], cancelled: bool) -> Done:
+        """The answer's end, with the best figures the server gave for it and which they are."""
+        reason = "cancelled" if cancelled else {"length": "max_tokens", "stop": "eog"}.get(got.finish or "", "eog")
+        usage = got.usage
         n_prompt = usage.prompt_tokens if usage is not None else 0
-        n_tokens = usage.completion_tokens if usage is not None and reason != "cancelled" else chunks
-        prefill_s = (first or time.perf_counter()) - t0
-        stream_s = (last or 0.0) - (first or 0.0)
-        if timings and timings.get("predicted_n") is not None:
-            figures, stats = TIMINGS, stats_from_timings(timings, stream_s)
+        n_tokens = usage.completion_tokens if usage is not None and reason != "cancelled" else got.chunks
+        prefill_s = (got.first or time.perf_counter()) - got.t0
+        stream_s = (got.last or 0.0) - (got.first or 0.0)
+        if got.timings and got.timings.get("predicted_n") is not None:
+            figures, stats = TIMINGS, stats_from_timings(got.timings, stream_s)
         elif self.has_metrics:
             figures = METRICS
             stats = stats_from_counters(before, self._counters(), n_prompt, n_tokens, prefill_s, stream_s)
         else:
             figures, stats = STREAM, stats_from_stream(n_prompt, n_tokens, prefill_s, stream_s)
-        yield Done(reason, "".join(text), (), stats, figures, thinking="".join(thinking).strip())
+        return Done(reason, "".join(got.text), (), stats, figures, thinking="".join(got.thinking).strip())
 
     def _counters(self) -> dict[str, float]:
         """vLLM's speculative-decoding counters now, or {} where the server has none."""
@@ -306,6 +296,48 @@ class RemoteBackend:
         if isinstance(e, openai.APIStatusError):
             return f"the server at {self.root} answered {e.status_code}: {_message(e)}"
         return f"the server at {self.root} sent something unexpected: {e}"
+
+
+@dataclass
+class _Received:
+    """What the server has sent of one answer so far."""
+
+    t0: float  # when the request went out
+    text: list[str] = field(default_factory=list)
+    thinking: list[str] = field(default_factory=list)
+    timings: Mapping[str, Any] | None = None  # llama-server's and specchat serve's, on the last chunk
+    usage: Any = None  # the token counts, where the server sends them
+    finish: str | None = None
+    first: float | None = None  # when the first text came
+    last: float | None = None  # when the latest text came
+    chunks: int = 0  # chunks with text: the token count of a server that gives none
+
+    def take(self, chunk: Any) -> tuple[str, str]:
+        """One streamed chunk's figures kept; its text and thinking ("" where it has none)."""
+        self.timings = (chunk.model_extra or {}).get("timings") or self.timings
+        self.usage = chunk.usage or self.usage
+        piece = thought = ""
+        for choice in chunk.choices[:1]:
+            self.finish = choice.finish_reason or self.finish
+            delta = choice.delta
+            piece = (delta.content if delta is not None else None) or ""
+            # llama-server's and vLLM's field for a reasoning model's thinking (the openai client keeps
+            # fields it does not know in model_extra).
+            thought = ((delta.model_extra or {}).get("reasoning_content") if delta is not None else None) or ""
+        return piece, thought
+
+
+def _extra_body(config: GenerationConfig, guesser: str, think: bool | None) -> dict[str, Any]:
+    """The request's fields beyond OpenAI's: llama-server and vLLM take top_k and min_p; specchat serve also a
+    guesser and a draft length."""
+    s = config.sampling
+    extra: dict[str, Any] = {k: v for k, v in (("top_k", s.top_k), ("min_p", s.min_p),
+                                               ("draft_length", config.draft_length)) if v is not None and v != 0}
+    if guesser != "auto":
+        extra["guesser"] = guesser
+    if think is not None:  # llama-server, vLLM and specchat serve hand these to the chat template
+        extra["chat_template_kwargs"] = {"enable_thinking": think}
+    return extra
 
 
 def _wire(m: Message) -> dict[str, str]:

@@ -10,6 +10,7 @@ import pytest
 from pooled import chi_square
 
 from specchat.decoding.verify import Tree, verify, verify_tree, verify_tree_greedy
+from specchat.errors import ContextFull
 from specchat.llama.model import Model
 
 V = 5  # the target's vocabulary
@@ -221,3 +222,20 @@ def test_a_tree_evaluates_each_path_as_that_path_alone(smol_trees):
         want = linear(path)
         got = tree_rows[[0, *(n + 1 for n in path)]]
         assert np.abs(got - want).max() <= padded_margin(path), f"the path to node {leaf}"
+
+
+@pytest.mark.real
+def test_a_tree_deeper_than_the_room_left_is_context_full_and_leaves_the_cache_as_it_was(smol_trees):
+    """The deepest path (11 -> 13 -> 14) needs the pending token and three positions after the cache: one position
+    short, the tree is refused before anything is decoded; with room for its seven cells it goes in."""
+    session = smol_trees.session
+    n_ctx = smol_trees.n_ctx
+    session.rewind(0)
+    session.decode([20] * (n_ctx - 3), "none")
+    with pytest.raises(ContextFull, match=f"needs {n_ctx + 1} tokens"):
+        session.decode_tree(21, TREE_TOKENS, TREE_PARENTS)
+    assert session.tokens == [20] * (n_ctx - 3)
+    session.rewind(n_ctx - 1 - len(TREE_TOKENS))
+    session.decode_tree(21, TREE_TOKENS, TREE_PARENTS)
+    session.keep_path([0, 2, 3])
+    assert session.tokens == [20] * (n_ctx - 1 - len(TREE_TOKENS)) + [21, 11, 13, 14]

@@ -34,6 +34,8 @@ class FakeServer:
     thinking: str = ""  # streamed first, a word a chunk, as reasoning_content (llama-server's field)
     models: tuple[str, ...] = ("fake-target", "fake-other")
     pause_after: int | None = None  # chunks after which a stream waits for the client to disconnect
+    break_after: int | None = None  # words after which the server drops the connection mid-answer
+    finish: str = "stop"  # the finish_reason the answer ends with ("length": cut at max_tokens)
     requests: list[dict] = field(default_factory=list)
     paused: threading.Event = field(default_factory=threading.Event)
     disconnected: threading.Event = field(default_factory=threading.Event)  # a stream ended by the client
@@ -105,9 +107,11 @@ class FakeServer:
                     deadline = time.monotonic() + PAUSE_S
                     while time.monotonic() < deadline:
                         await asyncio.sleep(0.02)  # cancelled here when the client closes the stream
+                if n == self.break_after:
+                    raise ConnectionAbortedError("the fake server drops the connection")  # uvicorn cuts it
                 await asyncio.sleep(0)
                 yield event([{"index": 0, "delta": {"content": word}, "finish_reason": None}])
-            yield event([{"index": 0, "delta": {}, "finish_reason": "stop"}])
+            yield event([{"index": 0, "delta": {}, "finish_reason": self.finish}])
             if self.kind == "vllm":  # the answer's drafting shows in the counters
                 self.drafted, self.accepted = self.drafted + DRAFTED, self.accepted + ACCEPTED
             extra = {}

@@ -33,6 +33,7 @@ from specchat.decoding.policy import CostCurve
 from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
+from specchat.llama.mtp import MtpHead
 from specchat.llama.session import Memory, Session
 from specchat.llama.template import Message
 from specchat.service.chat import ChatService
@@ -425,6 +426,42 @@ def test_an_mtp_head_that_cannot_be_made_leaves_the_target_running(files, monkey
             build("mtp", pair.inputs())
     finally:
         pair.close()
+
+
+def test_a_target_without_mtp_layers_has_no_head_and_says_so_in_one_line(targets):
+    with pytest.raises(SpecchatError) as error:
+        MtpHead(targets["mamba2"])
+    assert str(error.value) == "the MTP layers of mamba2.gguf: no MTP (NextN) layers to draft with"
+    assert targets["mamba2"].session.followers == []
+
+
+def test_an_assistant_of_another_hidden_size_is_refused_in_one_line(files, monkeypatch):
+    """The shapes the metadata gives agree, the hidden state llama.cpp hands over does not: refused before a
+    context is made, the target left as it was."""
+    target = model(files["gemma4"], n_ctx=256)
+    try:
+        ours = ctypes.cast(target._model.model, ctypes.c_void_p).value
+        real = llama_cpp.llama_model_n_embd_out
+        monkeypatch.setattr(llama_cpp, "llama_model_n_embd_out",
+                            lambda m: real(m) + (ctypes.cast(m, ctypes.c_void_p).value != ours))
+        with pytest.raises(SpecchatError) as error:
+            MtpHead(target, files["gemma4-assistant"])
+        assert str(error.value) == ("gemma4-assistant.gguf was not made for gemma4.gguf: its hidden size or "
+                                    "vocabulary differs")
+        assert target.session.followers == []
+    finally:
+        target.close()
+
+
+def test_a_context_llama_cpp_cannot_make_is_one_line(files, monkeypatch):
+    def refuse(**_: object) -> None:
+        raise ValueError("Failed to create llama_context")
+
+    monkeypatch.setattr(llama_cpp._internals, "LlamaContext", refuse)
+    with pytest.raises(SpecchatError) as error:
+        model(files["qwen35"], n_ctx=1024)
+    assert str(error.value) == (f"llama.cpp could not create a 1024-token context for {files['qwen35']} "
+                                "(out of memory? try a smaller --ctx)")
 
 
 # --- the command line on a generated file ---------------------------------------------------------------

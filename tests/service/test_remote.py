@@ -190,6 +190,12 @@ def test_sampling_settings_and_the_chosen_model_reach_the_server():
     assert (asked["guesser"], asked["draft_length"]) == ("draft", 5)
 
 
+def test_an_answer_the_server_cut_at_max_tokens_ends_so():
+    with serving(FakeServer(finish="length")) as server:
+        done = generate(loaded(server.url))[-1]
+    assert isinstance(done, Done) and done.reason == "max_tokens" and done.text == ANSWER
+
+
 def test_cancel_closes_the_stream_while_the_server_is_silent():
     with serving(FakeServer(pause_after=3)) as server:
         backend = loaded(server.url)
@@ -212,6 +218,17 @@ def test_connection_refused_is_one_line():
     url = f"http://127.0.0.1:{free_port()}"
     message = error_of(url)
     assert message.startswith(f"cannot reach a server at {url}") and "\n" not in message
+
+
+def test_a_connection_dropped_mid_answer_is_one_line_after_the_text_before_it():
+    with serving(FakeServer(break_after=3)) as server:
+        backend = loaded(server.url)
+        events = []
+        with pytest.raises(SpecchatError) as e:
+            for event in backend.chat([Message("user", "Say hello")], GenerationConfig(), "auto", threading.Event()):
+                events.append(event)
+    assert "\n" not in str(e.value) and server.url in str(e.value)
+    assert "".join(c.text for c in events if isinstance(c, Chunk)) == "".join(server.words()[:3])
 
 
 def test_a_wrong_or_missing_api_key_is_one_line_saying_how_to_give_it():
