@@ -340,10 +340,19 @@ def _extra_body(config: GenerationConfig, guesser: str, think: bool | None) -> d
     return extra
 
 
-def _wire(m: Message) -> dict[str, str]:
+def _wire(m: Message) -> dict[str, Any]:
     """A message as OpenAI-compatible servers take it: an answer's thinking as reasoning_content, which
-    llama-server hands to the template (that leaves it out of the prompt or keeps it, as it wants)."""
-    return {"role": m.role, "content": m.content} | ({"reasoning_content": m.thinking} if m.thinking else {})
+    llama-server hands to the template (that leaves it out of the prompt or keeps it, as it wants); the calls an
+    answer made here, and their results, as OpenAI writes them (a `tool` message without its call is refused)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.thinking:
+        out["reasoning_content"] = m.thinking
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    return out
 
 
 def _close_on_cancel(stream: Any, cancel: threading.Event, ended: threading.Event) -> None:

@@ -41,7 +41,8 @@ def test_generate_calls_the_tool_and_quotes_its_result_by_lookup(qwen_paths, tmp
     # Lookup, not auto: auto's choices follow this machine's timings (3 runs in 7 stayed under 1.5 tokens a step),
     # while lookup's copies of the result depend on the text alone.
     result = specchat("generate", PROMPT, "--system", "", "--tools", "--allow-tools", "--tool-choice", "read_note",
-                      "--guesser", "lookup", "--tool-rounds", "1", "--target", str(target), "--draft", str(draft), "--temp", "0", "--max-tokens", "120",
+                      "--guesser", "lookup", "--tool-rounds", "1", "--target", str(target), "--draft", str(draft),
+                      "--temp", "0", "--max-tokens", "120",
                       env=_configure(tmp_path))
     assert result.returncode == 0, result.stderr
     assert re.search(r"^specchat: tool read_note\(\{.*\"name\": \"launch\".*\}\) -> \d+ bytes$", result.stderr, re.M), \

@@ -19,7 +19,7 @@ from specchat import cli
 from specchat.decoding.engine import GenerationConfig
 from specchat.decoding.events import Done, Prefill, Step
 from specchat.errors import SpecchatError
-from specchat.llama.template import Message
+from specchat.llama.template import Message, ToolCall
 from specchat.service.choices import RemoteChoice
 from specchat.service.events import Chunk
 from specchat.service.local import open_backend
@@ -149,6 +149,20 @@ def test_a_servers_reasoning_content_is_thinking_and_the_switch_and_past_thinkin
     request = server.requests[-1]
     assert request["chat_template_kwargs"] == {"enable_thinking": False}
     assert request["messages"][1] == {"role": "assistant", "content": "Hello.", "reasoning_content": "A greeting back."}
+
+
+def test_calls_made_with_this_machines_models_reach_a_server_as_openai_writes_them():
+    """A conversation that used tools here, then answered by a server: the answer's calls and their results go as
+    OpenAI's API has them (a `tool` message without its call is refused by such servers)."""
+    call = ToolCall("read_note", '{"name": "launch"}', "call_1")
+    history = [Message("user", "Read my note"), Message("assistant", "", tool_calls=(call,)),
+               Message("tool", "Thursday at 10:30", tool_call_id="call_1"), Message("user", "And where?")]
+    with serving(FakeServer()) as server:
+        list(loaded(server.url).chat(history, GenerationConfig(), "auto", threading.Event()))
+    sent = server.requests[-1]["messages"]
+    assert sent[1] == {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "read_note", "arguments": '{"name": "launch"}'}}]}
+    assert sent[2] == {"role": "tool", "content": "Thursday at 10:30", "tool_call_id": "call_1"}
 
 
 def test_vllm_metrics_are_read_before_and_after_the_answer():
