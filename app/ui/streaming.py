@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Iterable, Union
 
 from textual.message import Message
@@ -34,17 +35,43 @@ UI_SHARE = 0.025  # of a core, for the UI thread while an answer streams
 Piece = Union[Step, Chunk]  # what streams: the engine's steps, or a server's chunks of text
 
 
+@dataclass
+class Pending:
+    """What a generation produced since the last batch. With tools, one generation is several answers: an answer
+    that ends in calls (its `done`), the calls run (`ran`: the agent loop's ToolRan and RoundsSpent), the next answer,
+    and so on."""
+
+    pieces: list[Piece] = field(default_factory=list)
+    prefill: Prefill | None = None
+    notices: list[str] = field(default_factory=list)
+    ran: list[object] = field(default_factory=list)
+    done: Done | None = None  # an answer's end: held until the next event shows whether more follows
+
+    def add(self, event: object) -> bool:
+        """Take one event; True where it must go out at once (a call that ran: the next may wait on the user)."""
+        if isinstance(event, (Step, Chunk)):
+            self.pieces.append(event)
+        elif isinstance(event, Prefill):
+            self.prefill = event
+        elif isinstance(event, Notice):
+            self.notices.append(event.text)
+        elif isinstance(event, Done):
+            self.done = event
+        else:
+            self.ran.append(event)
+            return True
+        return False
+
+
 class GenerationBatch(Message):
-    """What a generation produced since the last batch. The handler must call `handled()`.
+    """What a generation produced since the last batch (`Pending`'s fields), and whether it failed (`error`) or
+    ended (`last`: no batch follows). The handler must call `handled()`."""
 
-    With tools, one generation is several answers: an answer that ends in calls (its `done`, not `last`), the
-    calls run (`ran`: the agent loop's ToolRan and RoundsSpent), the next answer, and so on."""
-
-    def __init__(self, pump: Pump, pieces: list[Piece], prefill: Prefill | None, notices: list[str],
-                 done: Done | None, error: str | None, ran: list[object], last: bool) -> None:
+    def __init__(self, pump: Pump, pending: Pending, error: str | None, last: bool) -> None:
         super().__init__()
-        self.pump, self.pieces, self.prefill, self.notices = pump, pieces, prefill, notices
-        self.done, self.error, self.ran, self.last = done, error, ran, last
+        self.pump, self.error, self.last = pump, error, last
+        self.pieces, self.prefill, self.notices = pending.pieces, pending.prefill, pending.notices
+        self.ran, self.done = pending.ran, pending.done
 
     @property
     def text(self) -> str:
@@ -82,45 +109,30 @@ class Pump:
 
     def run(self, events: Iterable[object]) -> Done | None:
         """Consume `events` in the worker thread until the generation ends (its last Done is returned) or fails
-        (None: the UI got the error). Besides the backend's events, the agent loop's pass through: an answer's
-        Done is held until the next event shows whether more follows, and a call that ran goes out at once."""
-        pieces: list[Piece] = []
-        prefill: Prefill | None = None
-        notices: list[str] = []
-        ran: list[object] = []
-        done: Done | None = None  # the last answer's end, not yet posted
-        last: Done | None = None
-        posted = float("-inf")
+        (None: the UI got the error). Besides the backend's events, the agent loop's pass through."""
+        pending, last, posted = Pending(), None, float("-inf")
 
         def post(error: str | None = None, end: bool = False) -> None:
-            nonlocal pieces, prefill, notices, ran, done, posted
+            nonlocal pending, posted
             self.ready.clear()
-            self.target.post_message(GenerationBatch(self, pieces, prefill, notices, done, error, ran, end or error is not None))
-            pieces, prefill, notices, ran, done, posted = [], None, [], [], None, time.monotonic()
+            self.target.post_message(GenerationBatch(self, pending, error, end or error is not None))
+            pending, posted = Pending(), time.monotonic()
 
         try:
             for event in events:
                 if not isinstance(event, SHOWN):
                     continue  # the agent loop's Added: the screen stores what it shows itself
-                if done is not None:  # more follows the answer that ended: it goes out now, not as the last
+                if pending.done is not None:  # more follows the answer that ended: it goes out now, not as the last
                     post()
-                if isinstance(event, (Step, Chunk)):
-                    pieces.append(event)
-                elif isinstance(event, Prefill):
-                    prefill = event
-                elif isinstance(event, Notice):
-                    notices.append(event.text)
-                elif isinstance(event, Done):
-                    done = last = event
+                if pending.add(event):
+                    post()
                     continue
-                elif isinstance(event, (ToolRan, RoundsSpent)):
-                    ran.append(event)
-                    post()  # a call's result is shown as it comes: the next may wait on the user
-                    continue
-                # The first piece goes out at once, with the prefill (time to first token is what
-                # users feel); after it, only once the UI is ready for more.
-                first = posted == float("-inf") and pieces
-                if first or (pieces and self.ready.is_set() and time.monotonic() - posted >= self.interval):
+                last = event if isinstance(event, Done) else last
+                # The first piece goes out at once, with the prefill (time to first token is what users feel);
+                # after it, only once the UI is ready for more.
+                first = posted == float("-inf") and pending.pieces
+                if pending.done is None and (first or (pending.pieces and self.ready.is_set()
+                                                       and time.monotonic() - posted >= self.interval)):
                     post()
         except SpecchatError as e:
             post(error=str(e))
