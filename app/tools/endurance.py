@@ -147,10 +147,10 @@ class StopPoint:
         self.armed, self.holding = False, threading.Event()
         chat = backend.chat
 
-        def held(messages, config, guesser, cancel, think=None):
+        def held(messages, config, guesser, cancel, *more):  # more: thinking, and tools, as the app passes them
             armed, self.armed = self.armed, False
             self.holding.clear()
-            for event in chat(messages, config, guesser, cancel, think):
+            for event in chat(messages, config, guesser, cancel, *more):
                 yield event
                 if armed and isinstance(event, Step) and event.tokens:
                     armed = False
@@ -253,8 +253,8 @@ def _record_ids(backend, report: Report) -> None:
 
     chat = backend.chat
 
-    def recording(messages, config, guesser, cancel, think=None):
-        for event in chat(messages, config, guesser, cancel, think):
+    def recording(messages, config, guesser, cancel, *more):
+        for event in chat(messages, config, guesser, cancel, *more):
             if isinstance(event, Done):
                 report.prompt_ids, report.final_ids = list(backend.service.last_prompt), list(event.token_ids)
             yield event
