@@ -402,11 +402,11 @@ class ChatScreen(Screen[None]):
             if not self.conversation.fail():
                 await view.remove()
                 self.open(self.conversation)  # a failed regenerate: the branch it left shows again
-            self.chat_app.fail(batch.error)
         await self._show_calls(batch)
 
     async def _show_calls(self, batch: GenerationBatch) -> None:
-        """The tool calls that ran (each stored, and shown folded), and the end of the generation."""
+        """The tool calls that ran (each stored, and shown folded), and the end of the generation (or its failure,
+        said once whatever of the answer was kept)."""
         assert self.conversation is not None
         for event in batch.ran:
             if isinstance(event, ToolRan):
@@ -417,7 +417,7 @@ class ChatScreen(Screen[None]):
             elif isinstance(event, RoundsSpent):
                 self.notify(f"The answer reached the bound of {event.rounds} rounds of tool calls: it answers "
                             "without tools now (Settings: tool rounds)", severity="warning", timeout=10)
-        if batch.error is not None and self._answer is None:
+        if batch.error is not None:
             self.chat_app.fail(batch.error)
         if batch.last:
             self._answer, self._code_cursor = None, -1

@@ -88,9 +88,13 @@ class MessageView(Vertical):
 
     def label(self) -> str:
         """Who wrote it, how it ended when not whole, and which branch of how many it is."""
-        which, of = self.branches
         return ({"user": "You", "assistant": "Assistant", "system": "System"}.get(self.role, self.role)
-                + STATUS_LABELS.get(self.status, "") + (f"  ← {which}/{of} →" if of > 1 else ""))
+                + STATUS_LABELS.get(self.status, "") + self.branch_mark())
+
+    def branch_mark(self) -> str:
+        """Which branch of how many at this point of the conversation ("" where there is one)."""
+        which, of = self.branches
+        return f"  ← {which}/{of} →" if of > 1 else ""
 
     def relabel(self) -> None:
         self.query_one(".role", Static).update(self.label())
@@ -186,8 +190,7 @@ class ToolView(MessageView):
         self.call, self.refused, self.failed = call, refused, failed
 
     def label(self) -> str:
-        which, of = self.branches
-        return f"Tool · {self.call}" + (f"  ← {which}/{of} →" if of > 1 else "")
+        return f"Tool · {self.call}" + self.branch_mark()
 
     def compose(self) -> ComposeResult:
         yield Static(self.label(), classes="role")
