@@ -3,6 +3,7 @@ server started on 127.0.0.1 by each test (tests/fakes/openai_server.py), through
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import sys
 import threading
@@ -20,6 +21,8 @@ from specchat.decoding.engine import GenerationConfig
 from specchat.decoding.events import Done, Prefill, Step
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message, ToolCall
+from specchat.mcptools.agent import Added, Choice, agent_loop
+from specchat.mcptools.results import ToolResult
 from specchat.service.choices import RemoteChoice
 from specchat.service.events import Chunk
 from specchat.service.local import open_backend
@@ -163,6 +166,112 @@ def test_calls_made_with_this_machines_models_reach_a_server_as_openai_writes_th
     assert sent[1] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "read_note", "arguments": '{"name": "launch"}'}}]}
     assert sent[2] == {"role": "tool", "content": "Thursday at 10:30", "tool_call_id": "call_1"}
+
+
+# --- tools: offered as OpenAI's, the calls streamed back in pieces -----------------------------------
+
+NOTE = {"type": "function", "function": {"name": "read_note", "description": "A note by its name.",
+                                         "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}}}
+READ = {"id": "call_a", "name": "read_note", "arguments": '{"name": "launch", "lines": [1, 2, 3]}'}
+
+
+def with_tools(backend: RemoteBackend, tool_choice: str = "auto", cancel: threading.Event | None = None,
+               history: list[Message] | None = None) -> list:
+    return list(backend.chat(history or [Message("user", "Read my note")], GenerationConfig(), "auto",
+                             cancel or threading.Event(), tools=[NOTE], tool_choice=tool_choice))
+
+
+def test_streamed_tool_calls_are_assembled_into_calls_with_ids_names_and_json_arguments():
+    """llama-server streams a call's id and name first, then its arguments a few characters a piece, by index;
+    a server that gives no id gets one made (the call's result must answer to one)."""
+    pid = {"name": "pid", "arguments": "{}"}  # no id
+    with serving(FakeServer(answer="Let me look.", calls=[[READ, pid]])) as server:
+        events = with_tools(loaded(server.url))
+    done = events[-1]
+    assert isinstance(done, Done) and done.reason == "tool_calls" and done.text == "Let me look."
+    read, made = done.calls
+    assert read == ToolCall("read_note", READ["arguments"], "call_a")
+    assert json.loads(read.arguments) == {"name": "launch", "lines": [1, 2, 3]}
+    assert (made.name, made.arguments) == ("pid", "{}") and len(made.id) == 9 and made.id.isalnum()
+    # The calls' pieces are not text: the chunks carry the words alone.
+    assert "".join(e.text for e in events if isinstance(e, Chunk)) == "Let me look."
+    assert done.figures == TIMINGS
+    request = server.requests[-1]
+    assert request["tools"] == [NOTE] and request["tool_choice"] == "auto"
+
+
+def test_tool_choice_reaches_the_server_and_an_answer_without_tools_asks_for_none():
+    with serving(FakeServer(calls=[[READ]])) as server:
+        backend = loaded(server.url)
+        with_tools(backend, "required")
+        plain = generate(backend)[-1]
+    asked, unasked = server.requests
+    assert asked["tool_choice"] == "required" and asked["tools"] == [NOTE]
+    assert "tools" not in unasked and "tool_choice" not in unasked and "parallel_tool_calls" not in unasked
+    assert plain.reason == "eog" and plain.calls == ()
+
+
+def test_an_answer_that_is_only_calls_ends_as_one_with_calls_and_the_agent_loop_runs_them():
+    """The same Done as this machine's service gives, so the agent loop treats both alike: the call runs, and its
+    result goes back to the server as a `tool` message answering the call's id."""
+    with serving(FakeServer(answer="", calls=[[READ]])) as server:
+        backend = loaded(server.url)
+        ran = []
+
+        def answer(conversation, offered):
+            return backend.chat(conversation, GenerationConfig(), "auto", threading.Event(),
+                                tools=[NOTE] if offered else None)
+
+        def run(name, arguments):
+            ran.append((name, arguments))
+            server.answer = "On Thursday."  # what the next answer says
+            return ToolResult("Thursday at 10:30")
+
+        events = list(agent_loop(answer, [Message("user", "Read my note")], run, lambda call: Choice.ONCE, 2))
+    first = events[:next(n for n, e in enumerate(events) if isinstance(e, Done)) + 1]
+    assert isinstance(first[0], Prefill) and not any(isinstance(e, Chunk) for e in first)
+    assert (first[-1].reason, first[-1].text) == ("tool_calls", "")
+    assert first[-1].calls == (ToolCall("read_note", READ["arguments"], "call_a"),)
+    assert ran == [("read_note", READ["arguments"])]
+    added = [e.message for e in events if isinstance(e, Added)]
+    assert [m.role for m in added] == ["assistant", "tool", "assistant"] and added[-1].content == "On Thursday."
+    sent = server.requests[-1]["messages"]
+    assert sent[-2]["tool_calls"][0]["id"] == "call_a"
+    assert sent[-1] == {"role": "tool", "content": "Thursday at 10:30", "tool_call_id": "call_a"}
+
+
+def test_stopped_in_the_middle_of_a_call_the_answer_keeps_no_call(monkeypatch):
+    """Its arguments may be cut short: a stopped answer runs no call, so it keeps none (its words stay)."""
+    from specchat.service import remote
+
+    begun = threading.Event()  # the backend has taken the call's first piece
+    take = remote._Received.take
+    monkeypatch.setattr(remote._Received, "take", lambda got, chunk: (take(got, chunk), got.calls and begun.set())[0])
+    with serving(FakeServer(calls=[[READ]], pause_in_call=True)) as server:
+        backend = loaded(server.url)
+        cancel, events = threading.Event(), []
+        worker = threading.Thread(target=lambda: events.extend(with_tools(backend, cancel=cancel)), daemon=True)
+        worker.start()
+        assert begun.wait(10)
+        cancel.set()
+        worker.join(5)
+        assert not worker.is_alive(), "the generation did not end on cancel"
+    done = events[-1]
+    assert isinstance(done, Done) and done.reason == "cancelled" and done.calls == () and done.text == ANSWER
+
+
+@pytest.mark.parametrize("refusal", ["tools param requires --jinja flag",
+                                     '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                                     "to be set"])
+def test_a_server_that_refuses_tools_says_so_in_one_line_and_what_to_do(refusal):
+    with serving(FakeServer(refuse_tools=refusal)) as server:
+        backend = loaded(server.url)
+        with pytest.raises(SpecchatError) as e:
+            with_tools(backend)
+        assert generate(backend)[-1].text == ANSWER  # without tools it answers as it did
+    message = str(e.value)
+    assert message.startswith(f"the server at {server.url} does not take tools ({refusal})")
+    assert "--jinja" in message and "tools off" in message and "\n" not in message
 
 
 def test_vllm_metrics_are_read_before_and_after_the_answer():
