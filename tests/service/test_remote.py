@@ -432,6 +432,34 @@ async def test_stop_closes_the_stream_and_keeps_the_partial_answer(tmp_path):
             assert answer.status == "stopped" and answer.content == "Hello from the "
 
 
+async def test_the_app_on_a_server_asks_about_its_call_runs_it_and_sends_the_result_back(tmp_path):
+    """F5 offers the tools of a real MCP server (tests/mcp_servers.py) to a server's model; the call it streams is
+    asked about, run, stored and sent back as a `tool` message answering the call's id."""
+    pytest.importorskip("mcp", reason="the tools extra (pip install -e '.[tools]') is not installed")
+    from apptools import asked, choose_all_tools, toolbox
+
+    echo = {"id": "call_1", "name": "echo", "arguments": '{"text": "saffron and eggs"}'}
+    with serving(FakeServer(answer="Echo says saffron and eggs.", calls=[[echo]])) as server:
+        app = remote_app(tmp_path, server.url, toolbox_factory=toolbox)
+        async with app.run_test(size=(140, 50)) as pilot:
+            await choose_all_tools(pilot, app)
+            await send(pilot, app, "What does echo say?")
+            question = await asked(pilot, app)
+            assert question.call == ToolCall("echo", echo["arguments"], "call_1")
+            await pilot.press("y")
+            await until(pilot, lambda: answered(app) and len(server.requests) == 2, "the answer after the call",
+                        timeout=60)
+            stored = app.chat.conversation.messages()
+            assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]
+            assert stored[1].tool_calls == ({"id": "call_1", "name": "echo", "arguments": echo["arguments"]},)
+            assert (stored[2].content, stored[2].tool_call_id) == ("saffron and eggs", "call_1")
+            assert stored[3].content == "Echo says saffron and eggs." and stored[3].status == "complete"
+    asking, answering = server.requests
+    assert "echo" in [t["function"]["name"] for t in asking["tools"]] and asking["tool_choice"] == "auto"
+    assert answering["messages"][-2]["tool_calls"][0]["id"] == "call_1"
+    assert answering["messages"][-1] == {"role": "tool", "content": "saffron and eggs", "tool_call_id": "call_1"}
+
+
 async def test_regenerate_and_the_conversation_marker(tmp_path):
     with serving(FakeServer()) as server:
         app = remote_app(tmp_path, server.url)
