@@ -460,6 +460,21 @@ async def test_the_app_on_a_server_asks_about_its_call_runs_it_and_sends_the_res
     assert answering["messages"][-1] == {"role": "tool", "content": "saffron and eggs", "tool_call_id": "call_1"}
 
 
+async def test_the_app_on_a_server_that_refuses_tools_says_so_in_one_line_and_keeps_the_conversation(tmp_path):
+    pytest.importorskip("mcp", reason="the tools extra (pip install -e '.[tools]') is not installed")
+    from apptools import choose_all_tools, toolbox
+
+    with serving(FakeServer(refuse_tools="tools param requires --jinja flag")) as server:
+        app = remote_app(tmp_path, server.url, toolbox_factory=toolbox)
+        async with app.run_test(size=(140, 50)) as pilot:
+            await choose_all_tools(pilot, app)
+            await send(pilot, app, "What does echo say?")
+            await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "the error screen")
+            message = app.screen.message
+            assert "does not take tools" in message and "--jinja" in message and "\n" not in message
+            assert [m.role for m in app.chat.conversation.messages()] == ["user"] and not app.generating
+
+
 async def test_regenerate_and_the_conversation_marker(tmp_path):
     with serving(FakeServer()) as server:
         app = remote_app(tmp_path, server.url)
