@@ -7,6 +7,7 @@ import json
 import sqlite3
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -272,6 +273,58 @@ def test_a_server_that_refuses_tools_says_so_in_one_line_and_what_to_do(refusal)
     message = str(e.value)
     assert message.startswith(f"the server at {server.url} does not take tools ({refusal})")
     assert "--jinja" in message and "tools off" in message and "\n" not in message
+
+
+QWEN = (Path(__file__).parent.parent / "templates" / "Qwen-Qwen2.5-Coder-1.5B-Instruct.jinja").read_text()
+SAID = 'Let me look.\n<tool_call>\n{"name": "read_note", "arguments": {"name": "launch"}}\n</tool_call>'
+
+
+@pytest.fixture
+def answering(tmp_path, monkeypatch):
+    """specchat serve's own stack (routes, worker, service, engine) in this process, on a fake model that answers
+    SAID under a chat template: yields (the service, a backend loaded from it), given the template."""
+    pytest.importorskip("fastapi")
+    from fakes.model import AnsweringModel
+    from serving import in_thread
+
+    from specchat.service import costs
+    from specchat.service.chat import ChatService
+    from specchat.service.pair import LoadedPair
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # an answering turn of its own (as test_tools)
+    monkeypatch.setattr(costs, "_turns", None)
+
+    @contextmanager
+    def serve(template: str):
+        service = ChatService(LoadedPair(AnsweringModel(SAID, template, name="fake-qwen"), None))
+        with in_thread(service) as server:
+            yield service, loaded(f"http://127.0.0.1:{server.port}")
+
+    return serve
+
+
+def test_specchat_serves_calls_end_the_answer_as_this_machines_service_ends_it(answering):
+    """The backend's Done for a call specchat serve streams is the one the service gives here for the same answer:
+    its text, its call with JSON arguments, reason tool_calls."""
+    ask = [Message("user", "Read my note")]
+    with answering(QWEN) as (service, backend):
+        remote = list(backend.chat(ask, GenerationConfig(), "none", threading.Event(), tools=[NOTE]))[-1]
+    local = list(service.chat(ask, GenerationConfig(), "none", tools=[NOTE], tool_choice="auto"))[-1]
+    assert (remote.reason, remote.text) == (local.reason, local.text) == ("tool_calls", "Let me look.\n")
+    assert [(c.name, json.loads(c.arguments)) for c in remote.calls] == \
+        [(c.name, json.loads(c.arguments)) for c in local.calls] == [("read_note", {"name": "launch"})]
+    assert remote.calls[0].id and remote.figures == TIMINGS
+
+
+def test_specchat_serves_refusal_of_tools_for_a_template_without_them_is_one_line(answering):
+    from fakes.model import TEMPLATE  # plain ChatML: no tools, no calls
+
+    with answering(TEMPLATE) as (_, backend):
+        with pytest.raises(SpecchatError) as e:
+            list(backend.chat([Message("user", "Read my note")], GenerationConfig(), "none", threading.Event(),
+                              tools=[NOTE]))
+    assert str(e.value).startswith(f"the server at {backend.root} does not take tools (tools are not supported "
+                                   "with fake-qwen.gguf") and "\n" not in str(e.value)
 
 
 def test_vllm_metrics_are_read_before_and_after_the_answer():
