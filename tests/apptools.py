@@ -15,19 +15,20 @@ from specchat.ui.app import SpecchatApp
 from specchat.ui.tools import ToolCallScreen, ToolsScreen
 
 
-def toolbox(timeout_s: float = 20.0) -> Toolbox:
-    return Toolbox(McpConfig((ServerEntry("notes", command=sys.executable, args=(SCRIPT,)),), timeout_s=timeout_s))
+def toolbox(timeout_s: float = 20.0, script: str = SCRIPT) -> Toolbox:
+    """The configured servers: one, named notes, running `script` (the test server, or tests/mcp_notes.py)."""
+    return Toolbox(McpConfig((ServerEntry("notes", command=sys.executable, args=(script,)),), timeout_s=timeout_s))
 
 
-async def choose_all_tools(pilot, app: SpecchatApp) -> None:
-    """F5, every tool ticked, saved: this conversation offers them all."""
-    await until(pilot, lambda: app.ready, "models to load")
+async def choose_all_tools(pilot, app: SpecchatApp, call_first: bool = False, timeout: float = 15.0) -> None:
+    """F5, every tool ticked (and `call_first`), saved: this conversation offers them all."""
+    await until(pilot, lambda: app.ready, "models to load", timeout=timeout)
     await pilot.press("f5")
     await until(pilot, lambda: isinstance(app.screen, ToolsScreen), "the tools dialog", timeout=60)
-    await pilot.press("ctrl+a", "enter")
+    await pilot.press("ctrl+a", *(("ctrl+t",) if call_first else ()), "enter")
     await until(pilot, lambda: app.chat.conversation.tools, "the tools chosen")
 
 
-async def asked(pilot, app: SpecchatApp) -> ToolCallScreen:
-    await until(pilot, lambda: isinstance(app.screen, ToolCallScreen), "the question about the call", timeout=60)
+async def asked(pilot, app: SpecchatApp, timeout: float = 60.0) -> ToolCallScreen:
+    await until(pilot, lambda: isinstance(app.screen, ToolCallScreen), "the question about the call", timeout=timeout)
     return app.screen  # type: ignore[return-value]

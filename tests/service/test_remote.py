@@ -703,6 +703,35 @@ def test_specchat_server_in_a_real_terminal(tmp_path, live_server):
     assert [r[0] for r in rows] == ["user", "assistant"] and rows[1][1] == "complete" and rows[1][2] > 0
 
 
+@pytest.mark.real
+async def test_the_app_on_a_live_specchat_serve_calls_a_tool_and_answers_from_its_result(tmp_path):
+    """The default pair behind `specchat serve`, the notes server (tests/mcp_notes.py) here: "call first" makes the
+    server's grammar write the call, which is asked about, run on this machine, and answered from its result."""
+    pytest.importorskip("mcp", reason="the tools extra (pip install -e '.[tools]') is not installed")
+    pytest.importorskip("fastapi")
+    from apptools import asked, choose_all_tools, toolbox
+    from mcp_notes import NOTE
+    from mcp_notes import SCRIPT as NOTES
+    from serving import serving as specchat_serve
+
+    (tmp_path / "config.toml").write_text('system_prompt = ""\nmax_tokens = 120\n')
+    with specchat_serve("--ctx", "2048", models=("--pair", "qwen-coder-1.5b")) as server:
+        app = remote_app(tmp_path, f"http://127.0.0.1:{server.port}", toolbox_factory=lambda: toolbox(script=NOTES))
+        async with app.run_test(size=(140, 50)) as pilot:
+            await choose_all_tools(pilot, app, call_first=True, timeout=REAL_TIMEOUT_S)
+            await send(pilot, app, "Show me my note 'launch' as a markdown blockquote.")
+            assert (await asked(pilot, app, timeout=REAL_TIMEOUT_S)).call.name == "read_note"
+            await pilot.press("y")
+            await until(pilot, lambda: answered(app) and len(app.chat.conversation.messages()) == 4,
+                        "the answer after the call", timeout=REAL_TIMEOUT_S)
+            stored = app.chat.conversation.messages()
+    assert "Traceback" not in "".join(server.stderr), "".join(server.stderr)
+    assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]
+    [call] = stored[1].tool_calls
+    assert call["name"] == "read_note" and stored[2].tool_call_id == call["id"] and stored[2].content == NOTE
+    assert stored[3].status == "complete" and "10:30" in stored[3].content, stored[3].content  # it quotes the result
+
+
 def test_each_backend_has_its_own_warnings():
     """Said of one server is not said of another (the list was once shared by every instance)."""
     one, two = RemoteBackend(RemoteChoice("http://a:1")), RemoteBackend(RemoteChoice("http://b:2"))
