@@ -202,7 +202,7 @@ class RemoteBackend:
     # --- one answer -----------------------------------------------------------------------------
 
     def _generate(self, client: openai.OpenAI, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-                  cancel: threading.Event, think: bool | None, tools: Mapping[str, Any]) -> Iterator[BackendEvent]:
+                  cancel: threading.Event, think: bool | None, tool_fields: Mapping[str, Any]) -> Iterator[BackendEvent]:
         import openai
 
         before = self._counters() if self.has_metrics else {}
@@ -213,9 +213,10 @@ class RemoteBackend:
                 model=self.model or "", messages=[_wire(m) for m in messages],
                 stream=True, stream_options={"include_usage": True}, temperature=s.temperature, top_p=s.top_p,
                 max_tokens=config.max_tokens, seed=s.seed, stop=list(config.stop) or None,
-                extra_body=_extra_body(config, guesser, think) or None, **tools)
+                extra_body=_extra_body(config, guesser, think) or None, **tool_fields)
         except openai.APIError as e:
-            raise SpecchatError(self._tools_refused(e) if tools and _refuses_tools(e) else self._explain(e)) from None
+            refused = tool_fields and _refuses_tools(e)
+            raise SpecchatError(self._tools_refused(e) if refused else self._explain(e)) from None
         yield from self._relay(stream, cancel, got)
         yield self._done(got, before, cancel.is_set())
 
@@ -345,8 +346,8 @@ class _Received:
     timings: Mapping[str, Any] | None = None  # llama-server's and specchat serve's, on the last chunk
     usage: Any = None  # the token counts, where the server sends them
     finish: str | None = None
-    first: float | None = None  # when the first text came
-    last: float | None = None  # when the latest text came
+    first: float | None = None  # when the first of the answer came (text, thinking or a call's piece)
+    last: float | None = None  # when the latest came
     chunks: int = 0  # chunks with text or a call's piece: the token count of a server that gives none
     calls: dict[int, _StreamedCall] = field(default_factory=dict)  # by their index among the answer's calls
 
