@@ -169,7 +169,8 @@ class Done:
     thinking: str = ""
     thinking_tokens: int = 0
     thinking_s: float = 0.0
-    # The answer's tool calls, split out of `text` by the conversation service (asked with tools).
+    # The answer's tool calls, split out of `text` by the conversation service (asked with tools), or read from a
+    # server's `tool_calls` by the remote backend.
     calls: tuple[ToolCall, ...] = ()
 
     @property

@@ -46,8 +46,8 @@ class Backend(Protocol):
 
     def baseline(self) -> Baseline: ...
 
-    # The model may be offered tools (`chat`'s `tools`), its calls coming back on the Done; False: a server,
-    # whose tool calls the app does not read yet.
+    # The model may be offered tools (`chat`'s `tools`), its calls coming back on the Done (this machine's models
+    # and a server alike; a server that refuses tools says so in one line when asked with them).
     offers_tools: bool
 
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,

@@ -2,8 +2,11 @@
 llama-server, vLLM), through the official `openai` client.
 
 The server's stream becomes the backend protocol's events (a Prefill, a Chunk of text per streamed
-chunk, a Done), so the UI, the stats panel and the store treat a remote answer like a local one. Done's
-Stats carry the best figures the server reports, and Done's `figures` says which they are:
+chunk, a Done), so the UI, the stats panel and the store treat a remote answer like a local one. Tools
+offered to the model go to the server as OpenAI's `tools` and `tool_choice`; the calls it streams back
+(`delta.tool_calls`, in pieces) end the answer as the local service's do: on the Done's `calls`, its reason
+"tool_calls", so that the agent loop runs them the same way. Done's Stats carry the best figures the server
+reports, and Done's `figures` says which they are:
 
 - llama-server and `specchat serve` put a `timings` object on the last chunk: drafted, accepted,
   and the server's own decode time, for this answer alone;
@@ -29,12 +32,14 @@ from specchat.decoding.engine import GenerationConfig
 from specchat.decoding.events import Done, Prefill, Stats
 from specchat.decoding.guessers import GUESSERS
 from specchat.errors import SpecchatError
-from specchat.llama.template import Message
+from specchat.llama.template import Message, ToolCall
+from specchat.llama.toolcalls import new_id
 from specchat.models.fetch import Progress
 from specchat.service.backend import Baseline
 from specchat.service.choices import RemoteChoice
 from specchat.service.events import BackendEvent, Chunk
 from specchat.service.settings import API_KEY_ENV
+from specchat.service.toolsplit import reason_with
 
 if TYPE_CHECKING:  # the client is an optional extra
     import openai
@@ -122,7 +127,7 @@ class RemoteBackend:
 
     pair = draft = None  # the server's models are its own, and it does not say which draft it runs
     guesser_asked = True
-    offers_tools = False  # the app does not read a server's tool calls yet
+    offers_tools = True  # sent as OpenAI's tools; a server that refuses them says so in one line
     thinking_switch = "enable_thinking"  # asked of the server's template, which may not read it
 
     def __init__(self, choice: RemoteChoice) -> None:
@@ -191,12 +196,13 @@ class RemoteBackend:
         with self._busy:
             if self._client is None:
                 raise SpecchatError(f"not connected to {self.root}")
-            yield from self._generate(self._client, messages, config, guesser, cancel, think)
+            yield from self._generate(self._client, messages, config, guesser, cancel, think,
+                                      _tool_fields(tools, tool_choice))
 
     # --- one answer -----------------------------------------------------------------------------
 
     def _generate(self, client: openai.OpenAI, messages: Sequence[Message], config: GenerationConfig, guesser: str,
-                  cancel: threading.Event, think: bool | None) -> Iterator[BackendEvent]:
+                  cancel: threading.Event, think: bool | None, tool_fields: Mapping[str, Any]) -> Iterator[BackendEvent]:
         import openai
 
         before = self._counters() if self.has_metrics else {}
@@ -207,9 +213,10 @@ class RemoteBackend:
                 model=self.model or "", messages=[_wire(m) for m in messages],
                 stream=True, stream_options={"include_usage": True}, temperature=s.temperature, top_p=s.top_p,
                 max_tokens=config.max_tokens, seed=s.seed, stop=list(config.stop) or None,
-                extra_body=_extra_body(config, guesser, think) or None)
+                extra_body=_extra_body(config, guesser, think) or None, **tool_fields)
         except openai.APIError as e:
-            raise SpecchatError(self._explain(e)) from None
+            refused = tool_fields and _refuses_tools(e)
+            raise SpecchatError(self._tools_refused(e) if refused else self._explain(e)) from None
         yield from self._relay(stream, cancel, got)
         yield self._done(got, before, cancel.is_set())
 
@@ -227,17 +234,19 @@ class RemoteBackend:
             for chunk in stream:
                 if cancel.is_set():
                     break
-                piece, thought = got.take(chunk)
-                if not piece and not thought:
+                taken = got.take(chunk)
+                if taken is None:
                     continue
+                piece, thought = taken
                 now = time.perf_counter()
-                if got.first is None:
+                if got.first is None:  # the answer's first text, thinking or call: the prompt is in
                     got.first = now
                     yield Prefill(0, 0, now - got.t0)
                 got.chunks += 1
-                got.text.append(piece)
-                got.thinking.append(thought)
-                yield Chunk(piece, now - (got.last or now), thought)
+                if piece or thought:  # a call's piece shows on the Done, with the whole call
+                    got.text.append(piece)
+                    got.thinking.append(thought)
+                    yield Chunk(piece, now - (got.last or now), thought)
                 got.last = now
         except (openai.APIError, OSError, RuntimeError) as e:
             # A stream closed by the watcher fails in whatever way the transport fails.
@@ -249,8 +258,10 @@ class RemoteBackend:
             stream.close()
 
     def _done(self, got: _Received, before: Mapping[str, float], cancelled: bool) -> Done:
-        """The answer's end, with the best figures the server gave for it and which they are."""
-        reason = "cancelled" if cancelled else {"length": "max_tokens", "stop": "eog"}.get(got.finish or "", "eog")
+        """The answer's end, with its calls, and the best figures the server gave for it and which they are."""
+        # A stopped answer's last call may have only part of its arguments: none is kept, as none will run.
+        calls = () if cancelled else got.tool_calls()
+        reason = "cancelled" if cancelled else reason_with(calls, {"length": "max_tokens"}.get(got.finish or "", "eog"))
         usage = got.usage
         n_prompt = usage.prompt_tokens if usage is not None else 0
         n_tokens = usage.completion_tokens if usage is not None and reason != "cancelled" else got.chunks
@@ -263,7 +274,8 @@ class RemoteBackend:
             stats = stats_from_counters(before, self._counters(), n_prompt, n_tokens, prefill_s, stream_s)
         else:
             figures, stats = STREAM, stats_from_stream(n_prompt, n_tokens, prefill_s, stream_s)
-        return Done(reason, "".join(got.text), (), stats, figures, thinking="".join(got.thinking).strip())
+        return Done(reason, "".join(got.text), (), stats, figures, thinking="".join(got.thinking).strip(),
+                    calls=calls)
 
     def _counters(self) -> dict[str, float]:
         """vLLM's speculative-decoding counters now, or {} where the server has none."""
@@ -275,6 +287,12 @@ class RemoteBackend:
                 return spec_counters(reply.read(4 << 20).decode("utf-8", "replace"))
         except (OSError, urllib.error.URLError, ValueError):
             return {}
+
+    def _tools_refused(self, e: Exception) -> str:
+        """One line for a server that will not take the tools offered, and what to do about it."""
+        return (f"the server at {self.root} does not take tools ({_message(e)}): start llama-server with --jinja, or "
+                "vLLM with --enable-auto-tool-choice and --tool-call-parser, or use a model whose template takes "
+                "tools; or turn this conversation's tools off")
 
     def _explain(self, e: Exception) -> str:
         """One line for what went wrong talking to the server, and what to do about it."""
@@ -299,6 +317,26 @@ class RemoteBackend:
 
 
 @dataclass
+class _StreamedCall:
+    """One call as a server streams it: its id and name in its first piece, its arguments in fragments after."""
+
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+    def add(self, piece: Any) -> None:
+        # The first id and name are kept: a server that repeats them with each fragment does not double them.
+        self.id = self.id or piece.id or ""
+        if piece.function is not None:
+            self.name = self.name or piece.function.name or ""
+            self.arguments.append(piece.function.arguments or "")
+
+    def call(self) -> ToolCall:
+        # A server that gives no id gets one made here: the call's `tool` message must answer to one.
+        return ToolCall(self.name, "".join(self.arguments), self.id or new_id())
+
+
+@dataclass
 class _Received:
     """What the server has sent of one answer so far."""
 
@@ -308,23 +346,35 @@ class _Received:
     timings: Mapping[str, Any] | None = None  # llama-server's and specchat serve's, on the last chunk
     usage: Any = None  # the token counts, where the server sends them
     finish: str | None = None
-    first: float | None = None  # when the first text came
-    last: float | None = None  # when the latest text came
-    chunks: int = 0  # chunks with text: the token count of a server that gives none
+    first: float | None = None  # when the first of the answer came (text, thinking or a call's piece)
+    last: float | None = None  # when the latest came
+    chunks: int = 0  # chunks with text or a call's piece: the token count of a server that gives none
+    calls: dict[int, _StreamedCall] = field(default_factory=dict)  # by their index among the answer's calls
 
-    def take(self, chunk: Any) -> tuple[str, str]:
-        """One streamed chunk's figures kept; its text and thinking ("" where it has none)."""
+    def take(self, chunk: Any) -> tuple[str, str] | None:
+        """One streamed chunk's figures and call pieces kept; its text and thinking ("" where it has none), or None
+        where it carried nothing of the answer."""
         self.timings = (chunk.model_extra or {}).get("timings") or self.timings
         self.usage = chunk.usage or self.usage
         piece = thought = ""
+        called = False
         for choice in chunk.choices[:1]:
             self.finish = choice.finish_reason or self.finish
             delta = choice.delta
-            piece = (delta.content if delta is not None else None) or ""
+            if delta is None:
+                continue
+            piece = delta.content or ""
             # llama-server's and vLLM's field for a reasoning model's thinking (the openai client keeps
             # fields it does not know in model_extra).
-            thought = ((delta.model_extra or {}).get("reasoning_content") if delta is not None else None) or ""
-        return piece, thought
+            thought = (delta.model_extra or {}).get("reasoning_content") or ""
+            for part in delta.tool_calls or ():
+                self.calls.setdefault(part.index, _StreamedCall()).add(part)
+                called = True
+        return (piece, thought) if piece or thought or called else None
+
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The calls streamed, in the order of their index."""
+        return tuple(self.calls[n].call() for n in sorted(self.calls))
 
 
 def _extra_body(config: GenerationConfig, guesser: str, think: bool | None) -> dict[str, Any]:
@@ -338,6 +388,21 @@ def _extra_body(config: GenerationConfig, guesser: str, think: bool | None) -> d
     if think is not None:  # llama-server, vLLM and specchat serve hand these to the chat template
         extra["chat_template_kwargs"] = {"enable_thinking": think}
     return extra
+
+
+def _tool_fields(tools: Sequence[dict[str, Any]] | None, choice: str) -> dict[str, Any]:
+    """OpenAI's tools and tool_choice, where tools are offered ({}: a request without tools is the one it always
+    was). parallel_tool_calls is left to the server: specchat serve then makes a required call one call and keeps
+    every call it reads otherwise, as this machine's service does."""
+    return {"tools": list(tools), "tool_choice": choice} if tools else {}
+
+
+def _refuses_tools(e: Exception) -> bool:
+    """The server's error says it does not take tools: llama-server without --jinja ("tools param requires --jinja
+    flag", a 500), vLLM without a tool parser, Ollama's and specchat serve's models whose template has no tools.
+    Read from the text, as servers give it under 400 and 500 alike."""
+    text = _message(e).lower()
+    return "tool" in text and any(word in text for word in ("support", "require", "jinja", "enable"))
 
 
 def _wire(m: Message) -> dict[str, Any]:

@@ -46,8 +46,8 @@ class ToolSplit:
             self._keep(flushed)
             delta.add(flushed)
             calls = tuple(self._calls)
-            reason = "tool_calls" if calls and event.reason in ENDED else event.reason
-            return [*self._notices(delta), replace(event, text=self._content, calls=calls, reason=reason)]
+            return [*self._notices(delta), replace(event, text=self._content, calls=calls,
+                                                   reason=reason_with(calls, event.reason))]
         return [event]
 
     def _push(self, text: str) -> Delta:
@@ -63,6 +63,13 @@ class ToolSplit:
     @staticmethod
     def _notices(delta: Delta) -> list[ChatEvent]:
         return [Notice(error) for error in delta.errors]
+
+
+def reason_with(calls: Sequence[ToolCall], reason: str) -> str:
+    """An answer's reason once its calls are known: "tool_calls" where it made calls and ended as a turn ends (as
+    llama-server says `finish_reason: "tool_calls"` only then), else the reason it ended with. The same for this
+    machine's answers and a server's."""
+    return "tool_calls" if calls and reason in ENDED else reason
 
 
 def check_tools(tools: Sequence[Mapping[str, Any]], choice: str | Mapping[str, Any] | None) -> None:

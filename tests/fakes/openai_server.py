@@ -5,6 +5,10 @@ kinds of real server report:
 - "timings": llama-server's (and specchat serve's) `timings` object on the last chunk;
 - "vllm": no timings, but vLLM's speculative-decoding counters on a Prometheus `/metrics` page;
 - "plain": neither.
+
+Offered tools, it calls them as llama-server streams calls (`calls`: each answer takes the first entry): the id
+and name in the first piece, the arguments a few characters a piece, by index; or it refuses them
+(`refuse_tools`: the error a server without tool support gives).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 PAUSE_S = 10.0  # the longest a paused stream waits for the client to go
 DRAFTED, ACCEPTED = 8, 6  # what each answer adds to the drafted and accepted figures
+ARGUMENT_PIECE = 5  # characters of a call's arguments a streamed piece
 
 
 @dataclass
@@ -34,8 +39,13 @@ class FakeServer:
     thinking: str = ""  # streamed first, a word a chunk, as reasoning_content (llama-server's field)
     models: tuple[str, ...] = ("fake-target", "fake-other")
     pause_after: int | None = None  # chunks after which a stream waits for the client to disconnect
+    pause_in_call: bool = False  # a stream waits so after its first call's first piece
     break_after: int | None = None  # words after which the server drops the connection mid-answer
     finish: str = "stop"  # the finish_reason the answer ends with ("length": cut at max_tokens)
+    # The calls each answer offered tools makes, after its words ({"id", "name", "arguments"} each; an answer made
+    # when this is empty makes none); its finish_reason is then "tool_calls".
+    calls: list[list[dict]] = field(default_factory=list)
+    refuse_tools: str | None = None  # a request with tools is answered 500 with this message
     requests: list[dict] = field(default_factory=list)
     paused: threading.Event = field(default_factory=threading.Event)
     disconnected: threading.Event = field(default_factory=threading.Event)  # a stream ended by the client
@@ -44,8 +54,9 @@ class FakeServer:
     url: str = ""
 
     def words(self) -> list[str]:
-        words = [w + " " for w in self.answer.split(" ")]
-        words[-1] = words[-1].rstrip()
+        words = [w + " " for w in self.answer.split(" ")] if self.answer else []
+        if words:
+            words[-1] = words[-1].rstrip()
         return words
 
     def app(self) -> FastAPI:
@@ -84,9 +95,18 @@ class FakeServer:
             self.requests.append(body)
             if body.get("model") not in self.models:
                 return JSONResponse({"error": {"message": f"model {body.get('model')!r} not found"}}, 404)
+            if body.get("tools") and self.refuse_tools:
+                return JSONResponse({"error": {"code": 500, "message": self.refuse_tools, "type": "server_error"}}, 500)
             return StreamingResponse(self._stream(body), media_type="text/event-stream")
 
         return app
+
+    async def _pause(self) -> None:
+        """Wait for the client to go (at most PAUSE_S), saying so in `paused`."""
+        self.paused.set()
+        deadline = time.monotonic() + PAUSE_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # cancelled here when the client closes the stream
 
     async def _stream(self, body: dict) -> Iterator[str]:
         words = self.words()
@@ -103,15 +123,18 @@ class FakeServer:
                 yield event([{"index": 0, "delta": {"reasoning_content": word + " "}, "finish_reason": None}])
             for n, word in enumerate(words):
                 if n == self.pause_after:
-                    self.paused.set()
-                    deadline = time.monotonic() + PAUSE_S
-                    while time.monotonic() < deadline:
-                        await asyncio.sleep(0.02)  # cancelled here when the client closes the stream
+                    await self._pause()
                 if n == self.break_after:
                     raise ConnectionAbortedError("the fake server drops the connection")  # uvicorn cuts it
                 await asyncio.sleep(0)
                 yield event([{"index": 0, "delta": {"content": word}, "finish_reason": None}])
-            yield event([{"index": 0, "delta": {}, "finish_reason": self.finish}])
+            calls = self.calls.pop(0) if body.get("tools") and self.calls else []
+            for n, call in enumerate(calls):
+                for k, piece in enumerate(_call_pieces(n, call)):
+                    yield event([{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}])
+                    if self.pause_in_call and n == k == 0:
+                        await self._pause()
+            yield event([{"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else self.finish}])
             if self.kind == "vllm":  # the answer's drafting shows in the counters
                 self.drafted, self.accepted = self.drafted + DRAFTED, self.accepted + ACCEPTED
             extra = {}
@@ -126,6 +149,17 @@ class FakeServer:
         finally:
             if not finished:
                 self.disconnected.set()
+
+
+def _call_pieces(index: int, call: dict) -> list[dict]:
+    """One call as llama-server streams it: the id and name first (no arguments yet), then the arguments in
+    fragments, each piece naming the call by its index alone."""
+    text = call["arguments"]
+    first = {"index": index, "type": "function", "function": {"name": call["name"], "arguments": ""}}
+    if "id" in call:  # some servers give none
+        first["id"] = call["id"]
+    return [first] + [{"index": index, "function": {"arguments": text[i:i + ARGUMENT_PIECE]}}
+                      for i in range(0, len(text), ARGUMENT_PIECE)]
 
 
 @contextmanager

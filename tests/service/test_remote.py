@@ -3,9 +3,11 @@ server started on 127.0.0.1 by each test (tests/fakes/openai_server.py), through
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +22,8 @@ from specchat.decoding.engine import GenerationConfig
 from specchat.decoding.events import Done, Prefill, Step
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message, ToolCall
+from specchat.mcptools.agent import Added, Choice, agent_loop
+from specchat.mcptools.results import ToolResult
 from specchat.service.choices import RemoteChoice
 from specchat.service.events import Chunk
 from specchat.service.local import open_backend
@@ -163,6 +167,164 @@ def test_calls_made_with_this_machines_models_reach_a_server_as_openai_writes_th
     assert sent[1] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "read_note", "arguments": '{"name": "launch"}'}}]}
     assert sent[2] == {"role": "tool", "content": "Thursday at 10:30", "tool_call_id": "call_1"}
+
+
+# --- tools: offered as OpenAI's, the calls streamed back in pieces -----------------------------------
+
+NOTE = {"type": "function", "function": {"name": "read_note", "description": "A note by its name.",
+                                         "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}}}
+READ = {"id": "call_a", "name": "read_note", "arguments": '{"name": "launch", "lines": [1, 2, 3]}'}
+
+
+def with_tools(backend: RemoteBackend, tool_choice: str = "auto", cancel: threading.Event | None = None,
+               history: list[Message] | None = None) -> list:
+    return list(backend.chat(history or [Message("user", "Read my note")], GenerationConfig(), "auto",
+                             cancel or threading.Event(), tools=[NOTE], tool_choice=tool_choice))
+
+
+def test_streamed_tool_calls_are_assembled_into_calls_with_ids_names_and_json_arguments():
+    """llama-server streams a call's id and name first, then its arguments a few characters a piece, by index;
+    a server that gives no id gets one made (the call's result must answer to one)."""
+    pid = {"name": "pid", "arguments": "{}"}  # no id
+    with serving(FakeServer(answer="Let me look.", calls=[[READ, pid]])) as server:
+        events = with_tools(loaded(server.url))
+    done = events[-1]
+    assert isinstance(done, Done) and done.reason == "tool_calls" and done.text == "Let me look."
+    read, made = done.calls
+    assert read == ToolCall("read_note", READ["arguments"], "call_a")
+    assert json.loads(read.arguments) == {"name": "launch", "lines": [1, 2, 3]}
+    assert (made.name, made.arguments) == ("pid", "{}") and len(made.id) == 9 and made.id.isalnum()
+    # The calls' pieces are not text: the chunks carry the words alone.
+    assert "".join(e.text for e in events if isinstance(e, Chunk)) == "Let me look."
+    assert done.figures == TIMINGS
+    request = server.requests[-1]
+    assert request["tools"] == [NOTE] and request["tool_choice"] == "auto"
+
+
+def test_tool_choice_reaches_the_server_and_an_answer_without_tools_asks_for_none():
+    with serving(FakeServer(calls=[[READ]])) as server:
+        backend = loaded(server.url)
+        with_tools(backend, "required")
+        plain = generate(backend)[-1]
+    asked, unasked = server.requests
+    assert asked["tool_choice"] == "required" and asked["tools"] == [NOTE]
+    assert "tools" not in unasked and "tool_choice" not in unasked and "parallel_tool_calls" not in unasked
+    assert plain.reason == "eog" and plain.calls == ()
+
+
+def test_an_answer_that_is_only_calls_ends_as_one_with_calls_and_the_agent_loop_runs_them():
+    """The same Done as this machine's service gives, so the agent loop treats both alike: the call runs, and its
+    result goes back to the server as a `tool` message answering the call's id."""
+    with serving(FakeServer(answer="", calls=[[READ]])) as server:
+        backend = loaded(server.url)
+        ran = []
+
+        def answer(conversation, offered):
+            return backend.chat(conversation, GenerationConfig(), "auto", threading.Event(),
+                                tools=[NOTE] if offered else None)
+
+        def run(name, arguments):
+            ran.append((name, arguments))
+            server.answer = "On Thursday."  # what the next answer says
+            return ToolResult("Thursday at 10:30")
+
+        events = list(agent_loop(answer, [Message("user", "Read my note")], run, lambda call: Choice.ONCE, 2))
+    first = events[:next(n for n, e in enumerate(events) if isinstance(e, Done)) + 1]
+    assert isinstance(first[0], Prefill) and not any(isinstance(e, Chunk) for e in first)
+    assert (first[-1].reason, first[-1].text) == ("tool_calls", "")
+    assert first[-1].calls == (ToolCall("read_note", READ["arguments"], "call_a"),)
+    assert ran == [("read_note", READ["arguments"])]
+    added = [e.message for e in events if isinstance(e, Added)]
+    assert [m.role for m in added] == ["assistant", "tool", "assistant"] and added[-1].content == "On Thursday."
+    sent = server.requests[-1]["messages"]
+    assert sent[-2]["tool_calls"][0]["id"] == "call_a"
+    assert sent[-1] == {"role": "tool", "content": "Thursday at 10:30", "tool_call_id": "call_a"}
+
+
+def test_stopped_in_the_middle_of_a_call_the_answer_keeps_no_call(monkeypatch):
+    """Its arguments may be cut short: a stopped answer runs no call, so it keeps none (its words stay)."""
+    from specchat.service import remote
+
+    begun = threading.Event()  # the backend has taken the call's first piece
+    take = remote._Received.take
+    monkeypatch.setattr(remote._Received, "take", lambda got, chunk: (take(got, chunk), got.calls and begun.set())[0])
+    with serving(FakeServer(calls=[[READ]], pause_in_call=True)) as server:
+        backend = loaded(server.url)
+        cancel, events = threading.Event(), []
+        worker = threading.Thread(target=lambda: events.extend(with_tools(backend, cancel=cancel)), daemon=True)
+        worker.start()
+        assert begun.wait(10)
+        cancel.set()
+        worker.join(5)
+        assert not worker.is_alive(), "the generation did not end on cancel"
+    done = events[-1]
+    assert isinstance(done, Done) and done.reason == "cancelled" and done.calls == () and done.text == ANSWER
+
+
+@pytest.mark.parametrize("refusal", ["tools param requires --jinja flag",
+                                     '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                                     "to be set"])
+def test_a_server_that_refuses_tools_says_so_in_one_line_and_what_to_do(refusal):
+    with serving(FakeServer(refuse_tools=refusal)) as server:
+        backend = loaded(server.url)
+        with pytest.raises(SpecchatError) as e:
+            with_tools(backend)
+        assert generate(backend)[-1].text == ANSWER  # without tools it answers as it did
+    message = str(e.value)
+    assert message.startswith(f"the server at {server.url} does not take tools ({refusal})")
+    assert "--jinja" in message and "tools off" in message and "\n" not in message
+
+
+QWEN = (Path(__file__).parent.parent / "templates" / "Qwen-Qwen2.5-Coder-1.5B-Instruct.jinja").read_text()
+SAID = 'Let me look.\n<tool_call>\n{"name": "read_note", "arguments": {"name": "launch"}}\n</tool_call>'
+
+
+@pytest.fixture
+def answering(tmp_path, monkeypatch):
+    """specchat serve's own stack (routes, worker, service, engine) in this process, on a fake model that answers
+    SAID under a chat template: yields (the service, a backend loaded from it), given the template."""
+    pytest.importorskip("fastapi")
+    from fakes.model import AnsweringModel
+    from serving import in_thread
+
+    from specchat.service import costs
+    from specchat.service.chat import ChatService
+    from specchat.service.pair import LoadedPair
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # an answering turn of its own (as test_tools)
+    monkeypatch.setattr(costs, "_turns", None)
+
+    @contextmanager
+    def serve(template: str):
+        service = ChatService(LoadedPair(AnsweringModel(SAID, template, name="fake-qwen"), None))
+        with in_thread(service) as server:
+            yield service, loaded(f"http://127.0.0.1:{server.port}")
+
+    return serve
+
+
+def test_specchat_serves_calls_end_the_answer_as_this_machines_service_ends_it(answering):
+    """The backend's Done for a call specchat serve streams is the one the service gives here for the same answer:
+    its text, its call with JSON arguments, reason tool_calls."""
+    ask = [Message("user", "Read my note")]
+    with answering(QWEN) as (service, backend):
+        remote = list(backend.chat(ask, GenerationConfig(), "none", threading.Event(), tools=[NOTE]))[-1]
+    local = list(service.chat(ask, GenerationConfig(), "none", tools=[NOTE], tool_choice="auto"))[-1]
+    assert (remote.reason, remote.text) == (local.reason, local.text) == ("tool_calls", "Let me look.\n")
+    assert [(c.name, json.loads(c.arguments)) for c in remote.calls] == \
+        [(c.name, json.loads(c.arguments)) for c in local.calls] == [("read_note", {"name": "launch"})]
+    assert remote.calls[0].id and remote.figures == TIMINGS
+
+
+def test_specchat_serves_refusal_of_tools_for_a_template_without_them_is_one_line(answering):
+    from fakes.model import TEMPLATE  # plain ChatML: no tools, no calls
+
+    with answering(TEMPLATE) as (_, backend):
+        with pytest.raises(SpecchatError) as e:
+            list(backend.chat([Message("user", "Read my note")], GenerationConfig(), "none", threading.Event(),
+                              tools=[NOTE]))
+    assert str(e.value).startswith(f"the server at {backend.root} does not take tools (tools are not supported "
+                                   "with fake-qwen.gguf") and "\n" not in str(e.value)
 
 
 def test_vllm_metrics_are_read_before_and_after_the_answer():
@@ -321,6 +483,49 @@ async def test_stop_closes_the_stream_and_keeps_the_partial_answer(tmp_path):
             assert server.disconnected.wait(5), "the server never saw the stream close"
             answer = app.store.messages(app.conversation_id)[-1]
             assert answer.status == "stopped" and answer.content == "Hello from the "
+
+
+async def test_the_app_on_a_server_asks_about_its_call_runs_it_and_sends_the_result_back(tmp_path):
+    """F5 offers the tools of a real MCP server (tests/mcp_servers.py) to a server's model; the call it streams is
+    asked about, run, stored and sent back as a `tool` message answering the call's id."""
+    pytest.importorskip("mcp", reason="the tools extra (pip install -e '.[tools]') is not installed")
+    from apptools import asked, choose_all_tools, toolbox
+
+    echo = {"id": "call_1", "name": "echo", "arguments": '{"text": "saffron and eggs"}'}
+    with serving(FakeServer(answer="Echo says saffron and eggs.", calls=[[echo]])) as server:
+        app = remote_app(tmp_path, server.url, toolbox_factory=toolbox)
+        async with app.run_test(size=(140, 50)) as pilot:
+            await choose_all_tools(pilot, app)
+            await send(pilot, app, "What does echo say?")
+            question = await asked(pilot, app)
+            assert question.call == ToolCall("echo", echo["arguments"], "call_1")
+            await pilot.press("y")
+            await until(pilot, lambda: answered(app) and len(server.requests) == 2, "the answer after the call",
+                        timeout=60)
+            stored = app.chat.conversation.messages()
+            assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]
+            assert stored[1].tool_calls == ({"id": "call_1", "name": "echo", "arguments": echo["arguments"]},)
+            assert (stored[2].content, stored[2].tool_call_id) == ("saffron and eggs", "call_1")
+            assert stored[3].content == "Echo says saffron and eggs." and stored[3].status == "complete"
+    asking, answering = server.requests
+    assert "echo" in [t["function"]["name"] for t in asking["tools"]] and asking["tool_choice"] == "auto"
+    assert answering["messages"][-2]["tool_calls"][0]["id"] == "call_1"
+    assert answering["messages"][-1] == {"role": "tool", "content": "saffron and eggs", "tool_call_id": "call_1"}
+
+
+async def test_the_app_on_a_server_that_refuses_tools_says_so_in_one_line_and_keeps_the_conversation(tmp_path):
+    pytest.importorskip("mcp", reason="the tools extra (pip install -e '.[tools]') is not installed")
+    from apptools import choose_all_tools, toolbox
+
+    with serving(FakeServer(refuse_tools="tools param requires --jinja flag")) as server:
+        app = remote_app(tmp_path, server.url, toolbox_factory=toolbox)
+        async with app.run_test(size=(140, 50)) as pilot:
+            await choose_all_tools(pilot, app)
+            await send(pilot, app, "What does echo say?")
+            await until(pilot, lambda: isinstance(app.screen, ErrorScreen), "the error screen")
+            message = app.screen.message
+            assert "does not take tools" in message and "--jinja" in message and "\n" not in message
+            assert [m.role for m in app.chat.conversation.messages()] == ["user"] and not app.generating
 
 
 async def test_regenerate_and_the_conversation_marker(tmp_path):
@@ -496,6 +701,35 @@ def test_specchat_server_in_a_real_terminal(tmp_path, live_server):
     assert db.execute("SELECT server FROM conversations").fetchall() == [(live_server,)]
     rows = db.execute("SELECT role, status, length(content) FROM messages ORDER BY id").fetchall()
     assert [r[0] for r in rows] == ["user", "assistant"] and rows[1][1] == "complete" and rows[1][2] > 0
+
+
+@pytest.mark.real
+async def test_the_app_on_a_live_specchat_serve_calls_a_tool_and_answers_from_its_result(tmp_path):
+    """The default pair behind `specchat serve`, the notes server (tests/mcp_notes.py) here: "call first" makes the
+    server's grammar write the call, which is asked about, run on this machine, and answered from its result."""
+    pytest.importorskip("mcp", reason="the tools extra (pip install -e '.[tools]') is not installed")
+    pytest.importorskip("fastapi")
+    from apptools import asked, choose_all_tools, toolbox
+    from mcp_notes import NOTE
+    from mcp_notes import SCRIPT as NOTES
+    from serving import serving as specchat_serve
+
+    (tmp_path / "config.toml").write_text('system_prompt = ""\nmax_tokens = 120\n')
+    with specchat_serve("--ctx", "2048", models=("--pair", "qwen-coder-1.5b")) as server:
+        app = remote_app(tmp_path, f"http://127.0.0.1:{server.port}", toolbox_factory=lambda: toolbox(script=NOTES))
+        async with app.run_test(size=(140, 50)) as pilot:
+            await choose_all_tools(pilot, app, call_first=True, timeout=REAL_TIMEOUT_S)
+            await send(pilot, app, "Show me my note 'launch' as a markdown blockquote.")
+            assert (await asked(pilot, app, timeout=REAL_TIMEOUT_S)).call.name == "read_note"
+            await pilot.press("y")
+            await until(pilot, lambda: answered(app) and len(app.chat.conversation.messages()) == 4,
+                        "the answer after the call", timeout=REAL_TIMEOUT_S)
+            stored = app.chat.conversation.messages()
+    assert "Traceback" not in "".join(server.stderr), "".join(server.stderr)
+    assert [m.role for m in stored] == ["user", "assistant", "tool", "assistant"]
+    [call] = stored[1].tool_calls
+    assert call["name"] == "read_note" and stored[2].tool_call_id == call["id"] and stored[2].content == NOTE
+    assert stored[3].status == "complete" and "10:30" in stored[3].content, stored[3].content  # it quotes the result
 
 
 def test_each_backend_has_its_own_warnings():

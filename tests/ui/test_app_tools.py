@@ -5,8 +5,6 @@ in one line, with the conversation intact."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 from fakes import FakeBackend
 from pilot import answered, make_app, send, until
@@ -14,34 +12,14 @@ from textual.widgets import Collapsible, Static
 
 from specchat.llama.template import ToolCall
 from specchat.mcptools.agent import REFUSED
-from specchat.mcptools.config import McpConfig, ServerEntry
-from specchat.mcptools.toolbox import Toolbox
 from specchat.ui.app import SpecchatApp
 from specchat.ui.tools import ToolCallScreen, ToolsScreen
 from specchat.ui.widgets import ToolView
 
 pytest.importorskip("mcp", reason="the tools extra (pip install -e '.[tools]') is not installed")
-from mcp_servers import SCRIPT  # noqa: E402  (it imports the MCP SDK)
+from apptools import asked, choose_all_tools, toolbox  # noqa: E402  (it imports the MCP SDK)
 
 ECHO = ToolCall("echo", '{"text": "saffron and eggs"}', "call_1")
-
-
-def toolbox(timeout_s: float = 20.0) -> Toolbox:
-    return Toolbox(McpConfig((ServerEntry("notes", command=sys.executable, args=(SCRIPT,)),), timeout_s=timeout_s))
-
-
-async def choose_all_tools(pilot, app: SpecchatApp) -> None:
-    """F5, every tool ticked, saved: this conversation offers them all."""
-    await until(pilot, lambda: app.ready, "models to load")
-    await pilot.press("f5")
-    await until(pilot, lambda: isinstance(app.screen, ToolsScreen), "the tools dialog", timeout=60)
-    await pilot.press("ctrl+a", "enter")
-    await until(pilot, lambda: app.chat.conversation.tools, "the tools chosen")
-
-
-async def asked(pilot, app: SpecchatApp) -> ToolCallScreen:
-    await until(pilot, lambda: isinstance(app.screen, ToolCallScreen), "the question about the call", timeout=60)
-    return app.screen  # type: ignore[return-value]
 
 
 def scripted(tmp_path, answer: str, *calls: ToolCall, timeout_s: float = 20.0) -> tuple[FakeBackend, SpecchatApp]:
