@@ -7,12 +7,14 @@ from collections import Counter
 from dataclasses import replace
 
 from markdown_it import MarkdownIt
+from markdown_it.token import Token
 from rich.cells import cell_len
+from rich.console import RenderableType
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.content import Content
+from textual.content import Content, Span
 from textual.widgets import Collapsible, Markdown, Static
 
 from specchat.decoding.events import ENGINE_FIGURES, Done, Source, Stats, Step
@@ -51,30 +53,93 @@ def code_blocks(markdown: str) -> list[tuple[str, str]]:
             if token.type in ("fence", "code_block")]
 
 
-class _Paragraph(Markdown.BLOCKS["paragraph_open"]):  # type: ignore[misc,valid-type]
-    """A paragraph that has the screen laid out again only when its height changes. Textual's asks for that
-    at every update, and an answer streams into its last paragraph several times a second: each layout
-    arranges every widget on the screen, every message of the conversation included, so that its cost grew
-    with the conversation (twice as much after 20 turns), all of it time the decoding loses on a small CPU.
-    A line wraps about every 20 tokens: most updates only draw the paragraph again."""
-
-    def set_content(self, content: Content) -> None:
-        self._content = content
-        width, height = self.content_size.width, self.content_size.height
-        self.update(content, layout=False)
-        if not width or self.get_content_height(self.content_size, self.app.size, width) != height:
-            self.refresh(layout=True)
+_BLOCKS = MarkdownIt("gfm-like")
+_INLINE_STYLES = {"em_open": ".em", "strong_open": ".strong", "s_open": ".s"}  # as Textual's Markdown styles them
 
 
-class _Body(Markdown):
-    """A message's Markdown, its paragraphs drawn as `_Paragraph`s."""
+def growing_block(markdown: str) -> tuple[int, Content]:
+    """Where the finished blocks of `markdown` end (a line number), and the last block, which may still grow, as
+    the stream shows it. A block is finished once another has begun; a list's next item or a fence's next line is
+    the same block. A paragraph, the commonest, is styled as Textual's Markdown will style it; another block is
+    shown as written until it is finished."""
+    tokens = _BLOCKS.parse(markdown)
+    starts = [n for n, token in enumerate(tokens) if token.map is not None and token.level == 0]
+    if not starts:
+        return 0, Content(markdown)
+    last = tokens[starts[-1]]
+    assert last.map is not None
+    if last.type == "paragraph_open":
+        return last.map[0], inline_content(tokens[starts[-1] + 1])
+    return last.map[0], Content("".join(markdown.splitlines(keepends=True)[last.map[0]:]))
 
-    BLOCKS = {**Markdown.BLOCKS, "paragraph_open": _Paragraph}
+
+def inline_content(inline: Token) -> Content:
+    """A paragraph's text with its emphasis, strong, struck and code spans, as Textual's Markdown draws them."""
+    text: list[str] = []
+    spans: list[Span] = []
+    opened: list[tuple[str | None, int]] = []
+    at = 0
+    for child in inline.children or ():
+        if child.type.endswith("_open"):
+            opened.append((_INLINE_STYLES.get(child.type), at))
+        elif child.type.endswith("_close"):
+            style, start = opened.pop()
+            if style:
+                spans.append(Span(start, at, style))
+        else:
+            piece = {"softbreak": " ", "hardbreak": "\n"}.get(child.type, child.content)
+            if child.type == "code_inline":
+                spans.append(Span(at, at + len(piece), ".code_inline"))
+            text.append(piece)
+            at += len(piece)
+    return Content("".join(text), spans)
+
+
+class _Growing(Static):
+    """What grows while an answer streams, in rows reserved RESERVE at a time. Textual lays the whole
+    screen out (every message of the conversation, the panel) whenever a widget's height changes, and a line
+    wraps about every 20 tokens: on a small CPU that work is time the decoding loses. In reserved rows, a new word
+    costs this widget's repaint only, and a layout comes once in RESERVE lines."""
+
+    RESERVE = 4
+    COMPONENT_CLASSES = {"em", "strong", "s", "code_inline"}
+    DEFAULT_CSS = """
+    _Growing {
+        & > .em { text-style: italic; }
+        & > .strong { text-style: bold; }
+        & > .s { text-style: strike; }
+        &:dark > .code_inline { background: $warning 10%; color: $text-warning 95%; }
+        &:light > .code_inline { background: $error 5%; color: $text-error 95%; }
+    }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._rows = 0
+
+    def show(self, what: RenderableType) -> None:
+        self.update(what, layout=False)
+        width = self.content_size.width
+        if not width:  # not laid out yet, or hidden: the layout that shows it sizes it
+            self.fit()
+            return
+        need = self.get_content_height(self.content_size, self.app.size, width)
+        if need > self._rows or need <= self._rows - self.RESERVE:
+            self._rows = need + self.RESERVE - 1
+            self.styles.height = self._rows
+
+    def fit(self) -> None:
+        """As tall as the text, no more (streaming is over)."""
+        if self._rows:
+            self._rows = 0
+            self.styles.height = "auto"
 
 
 class MessageView(Vertical):
-    """One message. An answer streams into Markdown and is rendered once more when complete;
-    with provenance on, it shows each token coloured by where it came from instead."""
+    """One message, in Markdown. While an answer streams, its finished blocks go to the Markdown once each, and
+    the block still growing is drawn in one widget (`_Growing`): a new word then costs that widget's repaint,
+    where Textual's Markdown re-parses the last block, mounts it again (a list or a fence) and lays the screen
+    out. With provenance on, it shows each token coloured by where it came from instead."""
 
     def __init__(self, role: str, content: str = "", summary: str = "", status: str = "complete",
                  thinking: str = "", thinking_figures: str = "", branches: tuple[int, int] = (1, 1)) -> None:
@@ -84,7 +149,7 @@ class MessageView(Vertical):
         self.branches = branches  # (which, of how many) branches at this point of the conversation
         self.thinking, self._thinking_figures = thinking, thinking_figures
         self.tokens: list[tuple[str, Source]] = []
-        self._stream = None
+        self._tail = ""  # the streamed text not yet in the Markdown: its last block, still growing
 
     def label(self) -> str:
         """Who wrote it, how it ended when not whole, and which branch of how many it is."""
@@ -103,13 +168,15 @@ class MessageView(Vertical):
         yield Static(self.label(), classes="role")
         # A reasoning model's thinking: open while it streams, folded once the answer begins (Ctrl+B).
         with Collapsible(collapsed=bool(self.content), classes="thinking"):
-            yield Static(classes="thought")
-        yield _Body(self.content, classes="body")
+            yield _Growing(classes="thought")
+        yield Markdown(self.content, classes="body")
+        yield _Growing(classes="tail")
         yield Static(Text(), classes="provenance")
         yield Static(self.summary, classes="summary")
 
     def on_mount(self) -> None:
         self.query_one(".provenance").display = False
+        self.query_one(".tail").display = False
         self.query_one(".summary").display = bool(self.summary)
         self._show_thinking()
 
@@ -118,7 +185,7 @@ class MessageView(Vertical):
         fold = self.query_one(Collapsible)
         fold.title = "Thinking" + (f" · {self._thinking_figures}" if self._thinking_figures else "")
         fold.display = bool(self.thinking)
-        self.query_one(".thought", Static).update(Text(self.thinking.lstrip(), style="italic"))
+        self.query_one(".thought", _Growing).show(Content.styled(self.thinking.lstrip(), "italic"))
 
     def toggle_thinking(self) -> bool:
         """Fold or open the thinking; False if this message has none."""
@@ -141,19 +208,25 @@ class MessageView(Vertical):
             self.tokens += [(t.text, t.source) for t in piece.tokens] if isinstance(piece, Step) else \
                 [(piece.text, Source.PLAIN)]
         self.content += text
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.query_one(Markdown))
         if text:
-            await self._stream.write(text)
+            await self._stream_text(text)
         if self.query_one(".provenance").display:
             self._render_provenance()
 
+    async def _stream_text(self, text: str) -> None:
+        self._tail += text
+        done, block = growing_block(self._tail)
+        if done:
+            lines = self._tail.splitlines(keepends=True)
+            await self.query_one(Markdown).append("".join(lines[:done]))
+            self._tail = "".join(lines[done:])
+        tail = self.query_one(".tail", _Growing)
+        tail.display = not self.query_one(".provenance").display
+        tail.show(block)
+
     async def finish(self, content: str, summary: str, status: str, thinking: str = "",
                      thinking_figures: str = "") -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
-        streamed = self.content
+        streamed, tail = self.content, self.query_one(".tail", _Growing)
         self.content, self.summary, self.status = content, summary, status
         if thinking:
             self.thinking, self._thinking_figures = thinking, thinking_figures
@@ -161,6 +234,11 @@ class MessageView(Vertical):
             self.query_one(Collapsible).collapsed = bool(content)
         if content != streamed:  # the stream already shows it all, unless the end was held back
             await self.query_one(Markdown).update(content)
+        elif self._tail:
+            await self.query_one(Markdown).append(self._tail)
+        self._tail, tail.display = "", False
+        tail.fit()
+        self.query_one(".thought", _Growing).fit()
         self.query_one(".summary", Static).update(summary)
         self.query_one(".summary").display = True
         self.relabel()
@@ -168,6 +246,7 @@ class MessageView(Vertical):
     def show_provenance(self, on: bool) -> None:
         on = on and bool(self.tokens)
         self.query_one(Markdown).display = not on
+        self.query_one(".tail").display = not on and bool(self._tail)
         self.query_one(".provenance").display = on
         if on:
             self._render_provenance()

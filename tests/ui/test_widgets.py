@@ -1,15 +1,17 @@
-"""The stats panel on its own, in a host app: what it shows for answers whose figures it is given."""
+"""The chat's widgets on their own, in host apps: the stats panel given figures, the key line, and a message as
+an answer streams into it."""
 
 from __future__ import annotations
 
 import pytest
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.widgets import Markdown
 
 from specchat.decoding.events import Done, Source, Stats, Step, Token
 from specchat.service.backend import Baseline
 from specchat.ui.keyline import KeyLine
-from specchat.ui.widgets import StatsPanel
+from specchat.ui.widgets import MessageView, StatsPanel, growing_block
 
 
 class Host(App[None]):
@@ -78,3 +80,96 @@ async def test_the_key_line_shows_the_keys_dims_those_that_do_nothing_and_a_clic
         await pilot.click(KeyLine, offset=(shown.index("Save"), 0))  # does nothing, as its key would
         await pilot.click(KeyLine, offset=(shown.index("New"), 0))
         assert app.notes == ["save", "new"]
+
+
+# --- an answer as it streams -------------------------------------------------------------------------------------
+
+ANSWER = """A hash table maps keys to values. With **chaining** each bucket keeps a list, and `dict` in Python uses
+*open addressing* instead; both cost O(1) on average.
+
+- load factor
+- resizing cost
+
+```python
+d = {}
+
+d["a"] = 1
+```
+
+| kind | cost |
+|------|------|
+| get  | O(1) |
+
+That is all.
+"""
+
+
+@pytest.mark.parametrize("markdown, finished, shown", [
+    ("one\n\ntwo", 2, "two"),  # a paragraph is finished once the next begins
+    ("- a\n- b", 0, "- a\n- b"),  # a list's next item is the same list, shown as written
+    ("- a\n- b\n\nnext", 3, "next"),
+    ("```py\nx = 1\n\ny = 2\n", 0, "```py\nx = 1\n\ny = 2\n"),  # a blank line inside a fence ends nothing
+    ("say **this** and `that`", 0, "say this and that"),
+])
+def test_the_growing_block_is_the_last_one_and_a_paragraph_is_drawn_styled(markdown, finished, shown):
+    lines, content = growing_block(markdown)
+    assert (lines, content.plain) == (finished, shown)
+
+
+def test_a_growing_paragraph_has_the_styles_markdown_gives_it():
+    _, content = growing_block("say **this**, *that* and `code` [here](x)")
+    styled = {content.plain[span.start:span.end]: span.style for span in content.spans}
+    assert styled == {"this": ".strong", "that": ".em", "code": ".code_inline"}
+
+
+class Conversation(App[None]):
+    CSS = "MessageView { height: auto; }"
+
+    def compose(self) -> ComposeResult:
+        yield MessageView("assistant")
+
+
+def step(text: str) -> Step:
+    return Step((Token(0, text, Source.PLAIN),), text, 0, 0, 0.0, 0.01)
+
+
+def blocks(view: MessageView) -> list[str]:
+    return [type(block).__name__ for block in view.query_one(Markdown).children]
+
+
+async def test_a_streamed_answer_shows_every_character_once_and_ends_as_the_stored_message_draws():
+    """Each finished block goes to the Markdown once and the growing one to the tail: at every moment the two
+    together are what streamed, and at the end the Markdown is the whole answer, block for block as a stored one."""
+    async with Conversation().run_test(size=(80, 60)) as pilot:
+        view = pilot.app.query_one(MessageView)
+        for at in range(0, len(ANSWER), 7):
+            await view.append([step(ANSWER[at:at + 7])])
+            await pilot.pause()
+            assert view.query_one(Markdown).source + view._tail == ANSWER[:at + 7]
+            assert view.query_one(".tail").display == bool(view._tail)
+        await view.finish(ANSWER, "summary", "complete")
+        await pilot.pause()
+        assert view.query_one(Markdown).source == ANSWER and not view.query_one(".tail").display
+        streamed = blocks(view)
+        await view.remove()
+        await pilot.app.mount(MessageView("assistant", ANSWER, "summary"))
+        await pilot.pause()
+        assert blocks(pilot.app.query_one(MessageView)) == streamed
+        assert "MarkdownFence" in streamed and "MarkdownTable" in streamed
+
+
+async def test_a_growing_paragraph_changes_the_messages_height_once_in_several_lines():
+    """Textual lays the whole screen out whenever a widget's height changes, and a paragraph streaming into a
+    narrow message wraps a line every few words: the rows reserved ahead make that once in several lines."""
+    words = [f"word{n} " for n in range(300)]
+    async with Conversation().run_test(size=(60, 120)) as pilot:
+        view = pilot.app.query_one(MessageView)
+        heights = []
+        for word in words:
+            await view.append([step(word)])
+            await pilot.pause()
+            heights.append(view.size.height)
+        lines = view.query_one(".tail").content_size.height
+        changes = sum(a != b for a, b in zip(heights, heights[1:]))
+        assert lines >= 40  # it wrapped many times
+        assert changes <= lines / 3
