@@ -38,7 +38,7 @@ from specchat.ui.conversations import ConversationList
 from specchat.ui.keyline import KeyLine
 from specchat.ui.screens import ConfirmScreen, PromptScreen
 from specchat.ui.streaming import GenerationBatch, Pump
-from specchat.ui.tools import ToolsScreen, with_tools
+from specchat.ui.tools import ChatTools
 from specchat.ui.widgets import MessageView, StatsPanel, ToolView, call_line, code_blocks
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class ChatScreen(Screen[None]):
         self.selected: int | None = None  # the message Alt+Up/Down chose (its place on screen); None: the last
         self.editing: StoredMessage | None = None  # the message the input holds an edit of (sent as a branch)
         self._draft = ""  # what the input held when the edit began: Esc, or leaving the conversation, puts it back
-        self._always: dict[int, set[str]] = {}  # per conversation: the tools the user let run without asking
+        self.tools = ChatTools(self)  # F5, and the tools the user let run without asking
 
     @property
     def chat_app(self) -> SpecchatApp:
@@ -328,11 +328,8 @@ class ChatScreen(Screen[None]):
                    choice: str = "auto") -> Iterator[BackendEvent]:
             return backend.chat(conversation, config, settings.guesser, self.cancel, think, offered, choice)
 
-        if tools is None:
-            Pump(self).run(answer(messages, None))
-        else:
-            always = self._always.setdefault(self.conversation_id or 0, set())
-            Pump(self).run(with_tools(app, messages, tools, answer, settings.tool_rounds, always, self.cancel))
+        Pump(self).run(answer(messages, None) if tools is None else
+                       self.tools.answer(messages, tools, answer, settings.tool_rounds, self.cancel))
 
     async def on_generation_batch(self, batch: GenerationBatch) -> None:
         try:
@@ -598,41 +595,7 @@ class ChatScreen(Screen[None]):
         app.apply_settings(replace(app.settings, guesser=nxt))
 
     def action_tools(self) -> None:
-        """Choose the tools this conversation offers the model, from the configured MCP servers' (started now,
-        the first time)."""
-        backend = self.chat_app.backend
-        if backend is not None and not backend.offers_tools:
-            self.notify("Tools run with this machine's models: a server's tool calls are not shown yet",
-                        severity="warning", timeout=10)
-            return
-        self.status("starting the MCP servers…" if self.chat_app.toolbox is None else "")
-        self._choose_tools()
-
-    @work(thread=True, exclusive=True, group="tools")
-    def _choose_tools(self) -> None:
-        app = self.chat_app
-        try:
-            box, problems = app.start_toolbox()
-        except SpecchatError as e:
-            app.call_from_thread(self.status, "")
-            app.call_from_thread(self.notify, str(e), severity="error", timeout=15)
-            return
-        for line in problems:
-            app.call_from_thread(self.notify, line, severity="warning", timeout=15)
-        described = box.described()
-        app.call_from_thread(self.status, "")
-        if not described:
-            app.call_from_thread(self.notify, "The configured MCP servers offer no tools", severity="warning")
-        elif self.conversation is not None:
-            app.call_from_thread(app.push_screen, ToolsScreen(described, self.conversation.tools), self._tools_chosen)
-
-    def _tools_chosen(self, choice: ToolChoice | None) -> None:
-        if choice is None or self.conversation is None:
-            return
-        self.conversation.tools = choice if choice.names else None
-        self.status(f"tools for this conversation: {', '.join(choice.names)}"
-                    + (" · each reply calls one first" if choice.call_first else "") if choice.names else
-                    "tools off for this conversation")
+        self.tools.choose()
 
     def action_new_chat(self) -> None:
         self.open(ConversationController.new(self.chat_app.store))
