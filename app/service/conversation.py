@@ -144,6 +144,11 @@ class ConversationController:
         return system + [Message(m.role, m.content, m.thinking, tool_calls=calls_of(m), tool_call_id=m.tool_call_id)
                          for m in self.messages()]
 
+    def estimated_tokens(self, system_prompt: str, count: Callable[[str], int]) -> int:
+        """The size of the prompt the next answer is given, from its messages' text before the template lays it out
+        (`count`: the model's tokenizer; 4 tokens a message for the template's own)."""
+        return sum(count(m.content) + 4 for m in self.prompt_messages(system_prompt))
+
     def last(self, role: str) -> StoredMessage | None:
         return _last(self.messages(), role)
 

@@ -46,6 +46,12 @@ if TYPE_CHECKING:
 CONTEXT_WARNING = 0.8  # share of the context after which the meter warns that old turns will be left out
 
 
+def after(options: Sequence[str], current: str) -> str:
+    """The option after `current`, round to the first (the first, too, where `current` is not one of them): what a
+    key that cycles a setting chooses next."""
+    return options[(options.index(current) + 1) % len(options)] if current in options else options[0]
+
+
 class ChatInput(TextArea):
     """Enter sends; Shift+Enter (or Ctrl+J, for terminals that can't tell them apart) is a newline;
     ↑ and ↓ in an empty box (or on a recalled prompt) walk through the prompts sent before.
@@ -227,10 +233,6 @@ class ChatScreen(Screen[None]):
     def action_search(self) -> None:
         self.query_one(ConversationList).focus_search()
 
-    def prompt_messages(self) -> list[Message]:
-        assert self.conversation is not None
-        return self.conversation.prompt_messages(self.chat_app.settings.system_prompt)
-
     # --- the context meter -------------------------------------------------------------------
 
     def show_context(self, used: int | None) -> None:
@@ -242,7 +244,8 @@ class ChatScreen(Screen[None]):
             return
         estimated = used is None
         if used is None:
-            used = sum(backend.count_tokens(m.content) + 4 for m in self.prompt_messages()) if self.conversation else 0
+            used = self.conversation.estimated_tokens(self.chat_app.settings.system_prompt, backend.count_tokens) \
+                if self.conversation else 0
         share = used / backend.n_ctx
         text = f"context {'≈' if estimated else ''}{used:,} / {backend.n_ctx:,} tokens ({share:.0%})"
         if share >= CONTEXT_WARNING:
@@ -289,7 +292,7 @@ class ChatScreen(Screen[None]):
         server = app.backend.server
         self.status(f"generating on {server}… (Esc stops)" if server else
                     f"generating with {app.settings.guesser}… (Esc stops)")
-        messages = self.prompt_messages()
+        messages = self.conversation.prompt_messages(app.settings.system_prompt)
         marked = self.conversation.server
         await self._begin_answer()
         if server is not None and marked != server:  # the conversation says where its answers came from
@@ -550,8 +553,8 @@ class ChatScreen(Screen[None]):
 
     def action_cycle_thinking(self) -> None:
         """The thinking setting, round default, on and off (the next answer takes it)."""
-        app, order = self.chat_app, list(choices.THINKING)
-        nxt = order[(order.index(app.settings.thinking) + 1) % len(order)]
+        app = self.chat_app
+        nxt = after(list(choices.THINKING), app.settings.thinking)
         app.apply_settings(replace(app.settings, thinking=nxt))
         self._thinking_noticed = False
         switch = app.backend.thinking_switch if app.backend is not None else None
@@ -563,9 +566,7 @@ class ChatScreen(Screen[None]):
         options = app.backend.guessers if app.backend is not None else []
         if not options:
             return
-        current = app.settings.guesser
-        nxt = options[(options.index(current) + 1) % len(options)] if current in options else options[0]
-        app.apply_settings(replace(app.settings, guesser=nxt))
+        app.apply_settings(replace(app.settings, guesser=after(options, app.settings.guesser)))
 
     def action_tools(self) -> None:
         self.tools.choose()

@@ -269,3 +269,10 @@ def test_an_edit_is_sent_as_a_branch_and_gives_back_what_was_typed_before_it(tmp
     assert contents(chat) == ["one, edited"] and chat.messages()[0].branches == 2
     assert chat.send("and on") == ("and on", False, None)  # no edit: the next message
     assert ConversationController.new(store).send("Hello").first  # which names a new conversation
+
+
+def test_the_prompt_is_estimated_from_its_messages_text_with_four_tokens_each(tmp_path):
+    _, chat, _ = make(tmp_path)
+    assert chat.estimated_tokens("", len) == 0
+    chat.add_user("Hello")
+    assert chat.estimated_tokens("Be brief.", len) == (9 + 4) + (5 + 4)  # the system prompt counts too

@@ -24,7 +24,7 @@ from specchat.service.settings import load_settings
 from specchat.service.thinking import ThinkingSplit
 from specchat.store.conversations import Store
 from specchat.ui.app import SpecchatApp
-from specchat.ui.chat import ChatInput, ChatScreen
+from specchat.ui.chat import ChatInput, ChatScreen, after
 from specchat.ui.conversations import ConversationList, ConversationSearch
 from specchat.ui.screens import PromptScreen
 from specchat.ui.widgets import SPARK, MessageView, StatsPanel
@@ -378,6 +378,11 @@ async def test_an_edit_and_the_selection_stay_when_their_conversation_is_chosen_
         assert app.chat.conversation.selected == 0 and box.text == "The question"
         await pilot.press("escape")
         await until(pilot, lambda: box.text == "half a thought", "what was typed before the edit")
+
+
+def test_a_key_that_cycles_a_setting_goes_round_and_starts_where_the_setting_is_not_an_option():
+    assert [after(["default", "on", "off"], now) for now in ("default", "on", "off")] == ["on", "off", "default"]
+    assert after(["lookup", "none"], "draft") == "lookup"  # e.g. a guesser this backend cannot run
 
 # --- 6. search ------------------------------------------------------------------------------------------
 
