@@ -1,10 +1,11 @@
 """The chat screen: the conversation, the streaming answer, and speculation shown live.
 
-The screen draws; the conversation's store calls are a `ConversationController`'s, the list of
-conversations is a `ConversationList`'s. It owns the chat's keys: while an answer streams (`busy`)
-the actions that would start another generation or leave the conversation are disabled through
-`check_action`, so the engine never runs two generations at once and the streaming answer is never
-lost; `disabled_reason` says why, for the command palette.
+The screen draws; the conversation's store calls are a `ConversationController`'s, and so is the window's
+place in it (the selected message, the edit under way, the branches at them); the list of conversations is
+a `ConversationList`'s, the tools (F5, "always") a `ChatTools`'. It owns the chat's keys: while an
+answer streams (`busy`) the actions that would start another generation or leave the conversation are
+disabled through `check_action`, so the engine never runs two generations at once and the streaming
+answer is never lost; `disabled_reason` says why, for the command palette.
 """
 
 from __future__ import annotations
