@@ -17,7 +17,8 @@ the measuring tools are thin adapters over it. Nothing here uses Textual.
 - `events`: what the service adds to the engine's events (a `Notice`, a server's `Chunk`).
 - `backend`: the one protocol the app talks to; `remote`: that protocol over any OpenAI-compatible server.
 - `conversation`: one conversation in the store: partial saves, regenerate and edit as branches, export,
-  attachments.
+  attachments, and a window's place in it (the selected message, the edit under way).
+- `listing`: the list of conversations: all of them, or those a search finds.
 - `documents`: rewrite mode's documents: chunks, prompts, word diffs, the review, safe saves.
 - `settings`: the user's settings, checked against what the engine accepts and kept in TOML with the
   user's comments.

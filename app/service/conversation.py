@@ -3,8 +3,9 @@
 The controller makes every store call of a conversation: the user's message (with its attached
 files), the answer stored before its first token and updated as it streams (so that a killed app
 keeps what was shown, marked interrupted), its end with its figures, regenerate and edit (each a branch
-beside what it replaces, which stays), the branch on screen, and export. The screen only draws; this is
-tested headless.
+beside what it replaces, which stays), the branch on screen, and export. It keeps the window's place too: the
+message the keys act on, the edit under way, and the walks of the tree they need. The screen only draws; this
+is tested headless.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from specchat.decoding.events import ENGINE_FIGURES, Done
 from specchat.errors import SpecchatError
@@ -67,6 +68,19 @@ def calls_of(message: StoredMessage) -> tuple[ToolCall, ...]:
     return tuple(ToolCall(c["name"], c["arguments"], c["id"]) for c in message.tool_calls)
 
 
+def _last(messages: Sequence[StoredMessage], role: str) -> StoredMessage | None:
+    return next((m for m in reversed(messages) if m.role == role), None)
+
+
+class Sent(NamedTuple):
+    """A message of the user's as stored (its files first), whether it was the conversation's first (which names
+    it), and, after an edit, what the input held before the edit began (None: it was no edit)."""
+
+    content: str
+    first: bool
+    draft: str | None
+
+
 def attach(text: str, files: Sequence[tuple[Path, str]]) -> str:
     """The message with its attached files ahead of it, each fenced and named, so the model can
     refer to them and prompt lookup can copy from them."""
@@ -85,6 +99,9 @@ class ConversationController:
         self._answer: int | None = None  # the streaming answer's message id
         self._text = ""
         self._saved = float("-inf")
+        self.selected: int | None = None  # the message the keys act on (its place on the branch on screen); None: the last
+        self.editing: StoredMessage | None = None  # the user's message being edited (sent: a branch beside it)
+        self.draft = ""  # what the input held when the edit began: it goes back there when the edit ends
 
     @classmethod
     def latest(cls, store: Store) -> ConversationController:
@@ -127,8 +144,86 @@ class ConversationController:
         return system + [Message(m.role, m.content, m.thinking, tool_calls=calls_of(m), tool_call_id=m.tool_call_id)
                          for m in self.messages()]
 
+    def estimated_tokens(self, system_prompt: str, count: Callable[[str], int]) -> int:
+        """The size of the prompt the next answer is given, from its messages' text before the template lays it out
+        (`count`: the model's tokenizer; 4 tokens a message for the template's own)."""
+        return sum(count(m.content) + 4 for m in self.prompt_messages(system_prompt))
+
     def last(self, role: str) -> StoredMessage | None:
-        return next((m for m in reversed(self.messages()) if m.role == role), None)
+        return _last(self.messages(), role)
+
+    # --- the selection and the edit (this window's) ----------------------------------------
+
+    def select(self, step: int, shown: int) -> None:
+        """Move the selection `step` messages up (-1) or down among the `shown` ones: past the last, none is
+        selected, which means the last."""
+        at = (shown if self.selected is None else self.selected) + step
+        self.selected = None if at >= shown else max(0, at)
+
+    def acted_on(self, role: str) -> StoredMessage | None:
+        """The selected message if it is of this role, else the last such message of the branch on screen: what
+        regenerate (an answer) and edit (a message of the user's) act on."""
+        messages = self.messages()
+        if self.selected is not None and self.selected < len(messages) and messages[self.selected].role == role:
+            return messages[self.selected]
+        return _last(messages, role)
+
+    def regenerate(self) -> bool:
+        """Let the branch on screen end at the question of the answer acted on, so that the next answer is a new
+        branch beside it (which stays); the selection goes back to the last message. False where there is no
+        answer to regenerate."""
+        answer = self.acted_on("assistant")
+        if answer is None or answer.parent is None:
+            return False
+        self.end_at(next(m for m in self.messages() if m.id == answer.parent))
+        self.selected = None
+        return True
+
+    def branch_point(self) -> int | None:
+        """Where Alt+←/→ switch branches (a place in the branch on screen): the selected message, else the last
+        one that has branches; None where none has."""
+        messages = self.messages()
+        if self.selected is not None and self.selected < len(messages):
+            return self.selected
+        return next((n for n in range(len(messages) - 1, -1, -1) if messages[n].branches > 1), None)
+
+    def switch_at(self, at: int, step: int) -> StoredMessage | None:
+        """`switch` at the `at`-th message of the branch on screen, which is then selected: the message there now;
+        None where there is no branch that way."""
+        if not self.switch(self.messages()[at], step):
+            return None
+        self.selected = at
+        return self.messages()[at]
+
+    def edit(self, typed: str) -> StoredMessage | None:
+        """Begin an edit of the user's message acted on (None: there is none); sent, it is stored as a new branch
+        beside that message. `typed` is what the input holds now, kept to go back there when the edit ends (an edit
+        begun over another keeps what was typed before the first)."""
+        message = self.acted_on("user")
+        if message is not None:
+            self.draft = typed if self.editing is None else self.draft
+            self.editing = message
+        return message
+
+    def cancel_edit(self) -> str | None:
+        """Drop the edit under way: returns what the input held before it began, to put back (None: there was
+        no edit)."""
+        if self.editing is None:
+            return None
+        draft, self.editing, self.draft = self.draft, None, ""
+        return draft
+
+    def send(self, text: str, attachments: Sequence[tuple[Path, str]] = ()) -> Sent:
+        """The user's message (`add_user`): the edit under way, if any, else the next message; the selection goes
+        back to the last message."""
+        first, editing = not self.messages(), self.editing
+        draft, self.selected = self.cancel_edit(), None
+        return Sent(self.add_user(text, attachments, instead_of=editing), first, draft)
+
+    def keep_place(self, before: ConversationController) -> None:
+        """This window opened its conversation again (from the list, or a search): the selection and an edit under
+        way stay as `before` had them."""
+        self.selected, self.editing, self.draft = before.selected, before.editing, before.draft
 
     # --- writing --------------------------------------------------------------------------
 
@@ -169,14 +264,16 @@ class ConversationController:
         self.head = self.store.show(self.id, siblings[at])
         return True
 
-    def begin_answer(self, model: str, server: str | None) -> None:
+    def begin_answer(self, model: str, server: str | None) -> StoredMessage:
         """Store the answer before its first token, as partial: if specchat is killed, the answer so far
-        survives, marked interrupted. A server that answers marks the conversation."""
+        survives, marked interrupted. A server that answers marks the conversation. Returns the answer as
+        stored (empty, with where it stands among its siblings)."""
         if server is not None and self.server != server:
             self.store.set_server(self.id, server)
         self._asked = self._tail()  # where the branch on screen goes back to if the answer comes to nothing
         self._answer = self._add("assistant", "", "partial", model=model, after=self._asked)
         self._text, self._thinking, self._saved = "", "", float("-inf")
+        return self.messages()[-1]
 
     def stream(self, text: str, thinking: str = "") -> None:
         """More of the answer (and of its thinking) arrived: written now and then (at most every

@@ -1,10 +1,11 @@
 """The chat screen: the conversation, the streaming answer, and speculation shown live.
 
-The screen draws; the conversation's store calls are a `ConversationController`'s, the list of
-conversations is a `ConversationList`'s. It owns the chat's keys: while an answer streams (`busy`)
-the actions that would start another generation or leave the conversation are disabled through
-`check_action`, so the engine never runs two generations at once and the streaming answer is never
-lost; `disabled_reason` says why, for the command palette.
+The screen draws; the conversation's store calls are a `ConversationController`'s, and so is the window's
+place in it (the selected message, the edit under way, the branches at them); the list of conversations is
+a `ConversationList`'s, the tools (F5, "always") a `ChatTools`'. It owns the chat's keys: while an
+answer streams (`busy`) the actions that would start another generation or leave the conversation are
+disabled through `check_action`, so the engine never runs two generations at once and the streaming
+answer is never lost; `disabled_reason` says why, for the command palette.
 """
 
 from __future__ import annotations
@@ -33,18 +34,23 @@ from specchat.service.choices import generation
 from specchat.service.conversation import ConversationController, ToolChoice, thinking_line
 from specchat.service.documents import read_document
 from specchat.service.events import BackendEvent
-from specchat.store.conversations import StoredMessage
 from specchat.ui.conversations import ConversationList
 from specchat.ui.keyline import KeyLine
 from specchat.ui.screens import ConfirmScreen, PromptScreen
 from specchat.ui.streaming import GenerationBatch, Pump
-from specchat.ui.tools import ToolsScreen, with_tools
+from specchat.ui.tools import ChatTools
 from specchat.ui.widgets import MessageView, StatsPanel, ToolView, call_line, code_blocks
 
 if TYPE_CHECKING:
     from specchat.ui.app import SpecchatApp
 
 CONTEXT_WARNING = 0.8  # share of the context after which the meter warns that old turns will be left out
+
+
+def after(options: Sequence[str], current: str) -> str:
+    """The option after `current`, round to the first (the first, too, where `current` is not one of them): what a
+    key that cycles a setting chooses next."""
+    return options[(options.index(current) + 1) % len(options)] if current in options else options[0]
 
 
 class ChatInput(TextArea):
@@ -139,10 +145,7 @@ class ChatScreen(Screen[None]):
         self.attachments: list[tuple[Path, str]] = []  # files for the next message: (path, text)
         self._code_cursor = -1  # which code block of the last answer F3 copied last
         self._answer: tuple[MessageView, list[str]] | None = None  # the streaming answer's view, its notices
-        self.selected: int | None = None  # the message Alt+Up/Down chose (its place on screen); None: the last
-        self.editing: StoredMessage | None = None  # the message the input holds an edit of (sent as a branch)
-        self._draft = ""  # what the input held when the edit began: Esc, or leaving the conversation, puts it back
-        self._always: dict[int, set[str]] = {}  # per conversation: the tools the user let run without asking
+        self.tools = ChatTools(self)  # F5, and the tools the user let run without asking
 
     @property
     def chat_app(self) -> SpecchatApp:
@@ -155,7 +158,8 @@ class ChatScreen(Screen[None]):
     def disabled_reason(self, action: str) -> str | None:
         """Why an action cannot run now, in words for the user; None if it can."""
         if action == "stop":
-            return None if self.busy or self.editing is not None else "nothing is being generated"
+            editing = self.conversation is not None and self.conversation.editing is not None
+            return None if self.busy or editing else "nothing is being generated"
         if action in self.NOT_WHILE_BUSY and self.busy:
             return "an answer is streaming: Esc stops it"
         if action in self.NEEDS_MODELS and not self.chat_app.ready:
@@ -194,9 +198,10 @@ class ChatScreen(Screen[None]):
         self.query_one(ConversationList).refresh_list()
 
     def open(self, conversation: ConversationController) -> None:
-        if self.conversation is None or conversation.id != self.conversation.id:
-            self.selected = None  # it was of the conversation left, and so was an edit
-            self.cancel_edit()
+        if self.conversation is not None and conversation.id == self.conversation.id:
+            conversation.keep_place(self.conversation)  # opened again: the selection and an edit stay
+        else:
+            self.cancel_edit()  # an edit of the conversation left: what was typed before it comes back
         self.conversation = conversation
         chat = self.query_one("#chat", VerticalScroll)
         chat.remove_children()
@@ -208,7 +213,7 @@ class ChatScreen(Screen[None]):
                                 stats.get("failed", False), (m.branch, m.branches)) if m.role == "tool" else
                        MessageView(m.role, m.content, stats.get("summary", ""), m.status, m.thinking,
                                    stats.get("thinking", ""), (m.branch, m.branches)))
-        if self.selected is None:
+        if conversation.selected is None:
             chat.scroll_end(animate=False)
         else:
             self.call_after_refresh(self._mark_selected)
@@ -229,10 +234,6 @@ class ChatScreen(Screen[None]):
     def action_search(self) -> None:
         self.query_one(ConversationList).focus_search()
 
-    def prompt_messages(self) -> list[Message]:
-        assert self.conversation is not None
-        return self.conversation.prompt_messages(self.chat_app.settings.system_prompt)
-
     # --- the context meter -------------------------------------------------------------------
 
     def show_context(self, used: int | None) -> None:
@@ -244,7 +245,8 @@ class ChatScreen(Screen[None]):
             return
         estimated = used is None
         if used is None:
-            used = sum(backend.count_tokens(m.content) + 4 for m in self.prompt_messages()) if self.conversation else 0
+            used = self.conversation.estimated_tokens(self.chat_app.settings.system_prompt, backend.count_tokens) \
+                if self.conversation else 0
         share = used / backend.n_ctx
         text = f"context {'≈' if estimated else ''}{used:,} / {backend.n_ctx:,} tokens ({share:.0%})"
         if share >= CONTEXT_WARNING:
@@ -270,19 +272,17 @@ class ChatScreen(Screen[None]):
         box.remember(text)
         box.clear()
         assert self.conversation is not None
-        first = not self.conversation.messages()
-        editing, self.editing, self.selected = self.editing, None, None
-        if editing is not None:
-            box.text, self._draft = self._draft, ""  # what was being typed when the edit began
-        content = self.conversation.add_user(text, self.attachments, instead_of=editing)
-        if first:
+        sent = self.conversation.send(text, self.attachments)
+        if sent.draft is not None:
+            box.text = sent.draft  # what was being typed when the edit began
+        if sent.first:
             self.refresh_conversations()  # its first message named it
         self.attachments = []
         self.query_one(StatsPanel).attached([])
-        if editing is not None:  # a new branch: what followed the original is on another branch now
+        if sent.draft is not None:  # an edit, a new branch: what followed the original is on another branch now
             self.open(self.conversation)
         else:
-            await self.query_one("#chat").mount(MessageView("user", content))
+            await self.query_one("#chat").mount(MessageView("user", sent.content))
         await self.answer()
 
     async def answer(self) -> None:
@@ -293,7 +293,7 @@ class ChatScreen(Screen[None]):
         server = app.backend.server
         self.status(f"generating on {server}… (Esc stops)" if server else
                     f"generating with {app.settings.guesser}… (Esc stops)")
-        messages = self.prompt_messages()
+        messages = self.conversation.prompt_messages(app.settings.system_prompt)
         marked = self.conversation.server
         await self._begin_answer()
         if server is not None and marked != server:  # the conversation says where its answers came from
@@ -312,8 +312,7 @@ class ChatScreen(Screen[None]):
         # mount, would otherwise land after the first blocks and show them twice.
         await chat.mount(view)
         chat.anchor()
-        self.conversation.begin_answer(app.backend.name, app.backend.server)
-        stored = self.conversation.messages()[-1]
+        stored = self.conversation.begin_answer(app.backend.name, app.backend.server)
         view.branches = stored.branch, stored.branches
         view.relabel()
         self._answer = (view, [])
@@ -328,11 +327,8 @@ class ChatScreen(Screen[None]):
                    choice: str = "auto") -> Iterator[BackendEvent]:
             return backend.chat(conversation, config, settings.guesser, self.cancel, think, offered, choice)
 
-        if tools is None:
-            Pump(self).run(answer(messages, None))
-        else:
-            always = self._always.setdefault(self.conversation_id or 0, set())
-            Pump(self).run(with_tools(app, messages, tools, answer, settings.tool_rounds, always, self.cancel))
+        Pump(self).run(answer(messages, None) if tools is None else
+                       self.tools.answer(messages, tools, answer, settings.tool_rounds, self.cancel))
 
     async def on_generation_batch(self, batch: GenerationBatch) -> None:
         try:
@@ -428,48 +424,32 @@ class ChatScreen(Screen[None]):
     def action_stop(self) -> None:
         if self.busy:
             self.cancel.set()
-        elif self.editing is not None:
+        elif self.conversation is not None and self.conversation.editing is not None:
             self.cancel_edit()
             self.status("edit cancelled: your message stays as it was")
 
     def cancel_edit(self) -> None:
         """Drop the edit in the input, if any, and give the input back what it held before (nothing typed is lost)."""
-        if self.editing is None:
-            return
-        self.editing = None
-        self.query_one("#input", ChatInput).text, self._draft = self._draft, ""
-        self.refresh_bindings()
-
-    def _acted_on(self, role: str) -> StoredMessage | None:
-        """The selected message if it is of this role, else the last such message on screen."""
-        assert self.conversation is not None
-        messages = self.conversation.messages()
-        if self.selected is not None and self.selected < len(messages) and messages[self.selected].role == role:
-            return messages[self.selected]
-        return next((m for m in reversed(messages) if m.role == role), None)
+        draft = self.conversation.cancel_edit() if self.conversation is not None else None
+        if draft is not None:
+            self.query_one("#input", ChatInput).text = draft
+            self.refresh_bindings()
 
     async def action_regenerate(self) -> None:
         """Answer the selected question again (else the last): a new branch; the old answer stays beside it."""
-        answer = self._acted_on("assistant") if self.conversation is not None else None
-        if answer is None or answer.parent is None:
+        if self.conversation is None or not self.conversation.regenerate():
             self.notify("Nothing to regenerate")
             return
-        assert self.conversation is not None
         self.busy, self.cancel = True, threading.Event()
-        self.conversation.end_at(next(m for m in self.conversation.messages() if m.id == answer.parent))
-        self.selected = None
         self.open(self.conversation)
         await self.answer()
 
     def action_edit(self) -> None:
         """Put the selected message of yours (else the last) in the input: sent, it starts a new branch."""
-        message = self._acted_on("user") if self.conversation is not None else None
+        box = self.query_one("#input", ChatInput)
+        message = self.conversation.edit(box.text) if self.conversation is not None else None
         if message is None:
             return
-        box = self.query_one("#input", ChatInput)
-        if self.editing is None:
-            self._draft = box.text
-        self.editing = message
         box.text = message.content
         box.focus()
         self.refresh_bindings()  # Esc now cancels the edit
@@ -477,43 +457,37 @@ class ChatScreen(Screen[None]):
 
     def action_select(self, step: int) -> None:
         """Move the selection up or down the messages: regenerate, edit and Alt+←/→ act on it."""
-        views = list(self.query(MessageView))
-        if not views:
-            return
-        at = (len(views) if self.selected is None else self.selected) + step
-        self.selected = None if at >= len(views) else max(0, at)
-        self._mark_selected()
+        shown = len(self.query(MessageView))
+        if shown and self.conversation is not None:
+            self.conversation.select(step, shown)
+            self._mark_selected()
 
     def _mark_selected(self) -> None:
-        views = list(self.query(MessageView))
+        views, selected = list(self.query(MessageView)), self.conversation.selected if self.conversation else None
         for n, view in enumerate(views):
-            view.set_class(n == self.selected, "selected")
-        if self.selected is not None and self.selected < len(views):
-            view = views[self.selected]
+            view.set_class(n == selected, "selected")
+        if selected is not None and selected < len(views):
+            view = views[selected]
             view.scroll_visible()
             self.status(f"selected: {'your message' if view.role == 'user' else 'an answer'} "
-                        f"{self.selected + 1} of {len(views)} · Ctrl+E edits, Ctrl+R regenerates, Alt+←/→ its branches")
+                        f"{selected + 1} of {len(views)} · Ctrl+E edits, Ctrl+R regenerates, Alt+←/→ its branches")
         else:
             self.status("")
 
     def action_branch(self, step: int) -> None:
         """Show another branch at the selected message (else at the last message that has branches)."""
         assert self.conversation is not None
-        messages = self.conversation.messages()
-        at = self.selected if self.selected is not None and self.selected < len(messages) else next(
-            (n for n in range(len(messages) - 1, -1, -1) if messages[n].branches > 1), None)
+        at = self.conversation.branch_point()
         try:
-            switched = at is not None and self.conversation.switch(messages[at], step)
+            shown = self.conversation.switch_at(at, step) if at is not None else None
         except SpecchatError as e:
             self.notify(str(e), severity="error", timeout=10)
             return
-        if not switched:
+        if shown is None:
             self.notify("No other branch there" if at is not None else "This conversation has no branches")
             return
-        self.selected = at
         self.open(self.conversation)
-        m = self.conversation.messages()[at]
-        self.status(f"branch {m.branch} of {m.branches} · Alt+←/→ moves between them")
+        self.status(f"branch {shown.branch} of {shown.branches} · Alt+←/→ moves between them")
 
     def _last_answer(self) -> str | None:
         last = self.conversation.last("assistant") if self.conversation is not None else None
@@ -580,8 +554,8 @@ class ChatScreen(Screen[None]):
 
     def action_cycle_thinking(self) -> None:
         """The thinking setting, round default, on and off (the next answer takes it)."""
-        app, order = self.chat_app, list(choices.THINKING)
-        nxt = order[(order.index(app.settings.thinking) + 1) % len(order)]
+        app = self.chat_app
+        nxt = after(list(choices.THINKING), app.settings.thinking)
         app.apply_settings(replace(app.settings, thinking=nxt))
         self._thinking_noticed = False
         switch = app.backend.thinking_switch if app.backend is not None else None
@@ -593,46 +567,10 @@ class ChatScreen(Screen[None]):
         options = app.backend.guessers if app.backend is not None else []
         if not options:
             return
-        current = app.settings.guesser
-        nxt = options[(options.index(current) + 1) % len(options)] if current in options else options[0]
-        app.apply_settings(replace(app.settings, guesser=nxt))
+        app.apply_settings(replace(app.settings, guesser=after(options, app.settings.guesser)))
 
     def action_tools(self) -> None:
-        """Choose the tools this conversation offers the model, from the configured MCP servers' (started now,
-        the first time)."""
-        backend = self.chat_app.backend
-        if backend is not None and not backend.offers_tools:
-            self.notify("Tools run with this machine's models: a server's tool calls are not shown yet",
-                        severity="warning", timeout=10)
-            return
-        self.status("starting the MCP servers…" if self.chat_app.toolbox is None else "")
-        self._choose_tools()
-
-    @work(thread=True, exclusive=True, group="tools")
-    def _choose_tools(self) -> None:
-        app = self.chat_app
-        try:
-            box, problems = app.start_toolbox()
-        except SpecchatError as e:
-            app.call_from_thread(self.status, "")
-            app.call_from_thread(self.notify, str(e), severity="error", timeout=15)
-            return
-        for line in problems:
-            app.call_from_thread(self.notify, line, severity="warning", timeout=15)
-        described = box.described()
-        app.call_from_thread(self.status, "")
-        if not described:
-            app.call_from_thread(self.notify, "The configured MCP servers offer no tools", severity="warning")
-        elif self.conversation is not None:
-            app.call_from_thread(app.push_screen, ToolsScreen(described, self.conversation.tools), self._tools_chosen)
-
-    def _tools_chosen(self, choice: ToolChoice | None) -> None:
-        if choice is None or self.conversation is None:
-            return
-        self.conversation.tools = choice if choice.names else None
-        self.status(f"tools for this conversation: {', '.join(choice.names)}"
-                    + (" · each reply calls one first" if choice.call_first else "") if choice.names else
-                    "tools off for this conversation")
+        self.tools.choose()
 
     def action_new_chat(self) -> None:
         self.open(ConversationController.new(self.chat_app.store))

@@ -1,7 +1,7 @@
 """The conversation list: the sidebar's titles and its search, and the command palette's search.
 
-The list reads the store and says which conversation was chosen with a message; what opening one
-means is the chat screen's business.
+The list shows what the service lists (`service/listing.py`) and says which conversation was chosen with
+a message; what opening one means is the chat screen's business.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from textual.message import Message as TMessage
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
+from specchat.service.listing import found, listed
 from specchat.store.conversations import Conversation, Store
 
 
@@ -56,9 +57,8 @@ class ConversationList(Vertical):
 
     def refresh_list(self) -> None:
         """Read the list again (a conversation was added, renamed, deleted or answered)."""
-        query = self.query_one("#search", Input).value.strip()
         view = self.query_one("#conversations", OptionList)
-        view.set_options(_entry(c) for c in (self.store.search(query) if query else self.store.conversations()))
+        view.set_options(_entry(c) for c in listed(self.store, self.query_one("#search", Input).value))
 
     @property
     def listed(self) -> list[int]:
@@ -89,8 +89,7 @@ class ConversationSearch(Provider):
         if not query.strip() or not lists:
             return
         sidebar = lists.first()
-        said = {c.id for c in sidebar.store.search(query, limit=10, thinking=False)}
-        for conv in sidebar.store.search(query, limit=10):
+        for conv, in_thinking in found(sidebar.store, query):
             yield Hit(1.0, f"Open conversation: {conv.title}",
                       partial(sidebar.post_message, ConversationList.Chosen(conv.id, query.strip())),
-                      help=f"holds “{query.strip()}”" + ("" if conv.id in said else " in its thinking"))
+                      help=f"holds “{query.strip()}”" + (" in its thinking" if in_thinking else ""))

@@ -1,5 +1,6 @@
 """Tools in the app: which of the configured MCP servers' tools a conversation offers the model (F5), and the
-question before each call runs: once, always for that tool (in this conversation), or no.
+question before each call runs: once, always for that tool (in this conversation), or no. `ChatTools` is what the
+chat screen's keys hand these to.
 
 The agent loop runs in the generation's worker thread and asks its question from there (`ask_from_worker`):
 the dialog is pushed on the UI thread, and the worker waits for the answer, or for Esc, which stops the
@@ -18,6 +19,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Label, SelectionList, Static
 
+from specchat.errors import SpecchatError
 from specchat.llama.template import Message, ToolCall
 from specchat.mcptools.agent import Choice, agent_loop
 from specchat.service.conversation import ToolChoice
@@ -25,6 +27,7 @@ from specchat.service.events import Notice
 
 if TYPE_CHECKING:
     from specchat.ui.app import SpecchatApp
+    from specchat.ui.chat import ChatScreen
 
 Answer = Callable[[Sequence[Message], "list[dict[str, Any]] | None", str], Iterator[Any]]
 
@@ -141,3 +144,58 @@ class ToolsScreen(ModalScreen["ToolChoice | None"]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class ChatTools:
+    """The chat screen's tools: F5 (the servers started the first time, then the dialog, whose choice is saved with
+    the conversation), and the generation's agent loop with the tools the user let run without asking: per
+    conversation, for this session, so that "always" holds for the conversation's next answers too."""
+
+    def __init__(self, screen: ChatScreen) -> None:
+        self.screen = screen
+        self._always: dict[int, set[str]] = {}  # by conversation id
+
+    def choose(self) -> None:
+        """F5: choose the tools this conversation offers the model, from the configured MCP servers' (started now,
+        the first time)."""
+        app = self.screen.chat_app
+        if app.backend is not None and not app.backend.offers_tools:
+            app.notify("Tools run with this machine's models: a server's tool calls are not shown yet",
+                       severity="warning", timeout=10)
+            return
+        self.screen.status("starting the MCP servers…" if app.toolbox is None else "")
+        # A worker of the screen's, as before: exclusive, so F5 pressed again while servers start waits for none.
+        self.screen.run_worker(self._offer, thread=True, exclusive=True, group="tools")
+
+    def _offer(self) -> None:
+        """In a worker: start the servers (a server may take seconds), then offer their tools in the dialog."""
+        app, screen = self.screen.chat_app, self.screen
+        try:
+            box, problems = app.start_toolbox()
+        except SpecchatError as e:
+            app.call_from_thread(screen.status, "")
+            app.call_from_thread(app.notify, str(e), severity="error", timeout=15)
+            return
+        for line in problems:
+            app.call_from_thread(app.notify, line, severity="warning", timeout=15)
+        described = box.described()
+        app.call_from_thread(screen.status, "")
+        if not described:
+            app.call_from_thread(app.notify, "The configured MCP servers offer no tools", severity="warning")
+        elif screen.conversation is not None:
+            app.call_from_thread(app.push_screen, ToolsScreen(described, screen.conversation.tools), self._chosen)
+
+    def _chosen(self, choice: ToolChoice | None) -> None:
+        conversation = self.screen.conversation
+        if choice is None or conversation is None:
+            return
+        conversation.tools = choice if choice.names else None
+        self.screen.status(f"tools for this conversation: {', '.join(choice.names)}"
+                           + (" · each reply calls one first" if choice.call_first else "") if choice.names else
+                           "tools off for this conversation")
+
+    def answer(self, messages: Sequence[Message], choice: ToolChoice, answer: Answer, rounds: int,
+               cancel: threading.Event) -> Iterator[Any]:
+        """`with_tools` for the conversation on screen (in the generation's worker thread)."""
+        always = self._always.setdefault(self.screen.conversation_id or 0, set())
+        return with_tools(self.screen.chat_app, messages, choice, answer, rounds, always, cancel)

@@ -201,3 +201,78 @@ def test_a_search_shows_the_branch_that_holds_what_it_found(tmp_path):
     assert not chat.show_found("zebra")  # already in view: the branch stays
     assert not chat.show_found("one") and not chat.show_found("giraffe") and not chat.show_found("  ")
     assert contents(chat) == ["one", "a zebra crossing", "two", "second"]
+
+
+# --- the window's place: the selection, the branches at it, the edit ------------------------------------
+
+
+def two_turns(tmp_path: Path) -> tuple[Store, ConversationController]:
+    store, chat, _ = make(tmp_path)
+    answered(chat, "one", "first")
+    answered(chat, "two", "second")
+    return store, chat
+
+
+def test_the_selection_moves_among_the_messages_shown_and_says_what_the_keys_act_on(tmp_path):
+    _, chat = two_turns(tmp_path)
+    assert chat.selected is None and chat.acted_on("user").content == "two" and chat.acted_on("assistant").content == "second"
+    chat.select(-1, 4)
+    chat.select(-1, 4)
+    assert chat.selected == 2 and chat.acted_on("user").content == "two"
+    chat.select(-1, 4)  # an answer selected: the user's last message is what an edit takes
+    assert chat.acted_on("user").content == "two" and chat.acted_on("assistant").content == "first"
+    chat.select(-5, 4)
+    assert chat.selected == 0  # the first, not before it
+    chat.select(4, 4)
+    assert chat.selected is None  # past the last: none, which is the last
+
+
+def test_regenerate_ends_the_branch_at_the_question_of_the_selected_answer(tmp_path):
+    store, chat = two_turns(tmp_path)
+    chat.selected = 1
+    assert chat.regenerate() and contents(chat) == ["one"] and chat.selected is None
+    assert not make(tmp_path)[1].regenerate()  # nothing to regenerate in an empty conversation
+
+
+def test_alt_arrows_switch_at_the_selected_message_else_at_the_last_that_has_branches(tmp_path):
+    _, chat = two_turns(tmp_path)
+    assert chat.branch_point() is None  # no branches anywhere
+    assert chat.regenerate()  # the last answer: a branch at 3
+    answered_again(chat, "second again")
+    chat.selected = 1
+    assert chat.regenerate()  # the first answer: a branch at 1, on which 3 has none
+    answered_again(chat, "first again")
+    assert chat.switch_at(1, -1).content == "first" and chat.selected == 1
+    assert contents(chat) == ["one", "first", "two", "second again"]
+    assert chat.branch_point() == 1  # the selected message, though a later one has branches
+    chat.selected = None
+    assert chat.branch_point() == 3  # the last that has branches
+    assert chat.switch_at(3, 1) is None and chat.selected is None  # nothing after the second of two
+    assert chat.switch_at(3, -1).content == "second" and chat.selected == 3
+
+
+def answered_again(chat: ConversationController, answer: str) -> None:
+    chat.begin_answer("m", None)
+    chat.finish(done(answer), "none")
+
+
+def test_an_edit_is_sent_as_a_branch_and_gives_back_what_was_typed_before_it(tmp_path):
+    store, chat = two_turns(tmp_path)
+    chat.selected = 0
+    assert chat.edit("half a thought").content == "one"
+    assert chat.edit("the first question, in the input").content == "one"  # an edit begun over the edit
+    assert chat.cancel_edit() == "half a thought" and chat.editing is None
+    assert chat.cancel_edit() is None  # no edit under way
+    chat.edit("typed before")
+    sent = chat.send("one, edited")
+    assert sent == ("one, edited", False, "typed before") and chat.editing is None and chat.selected is None
+    assert contents(chat) == ["one, edited"] and chat.messages()[0].branches == 2
+    assert chat.send("and on") == ("and on", False, None)  # no edit: the next message
+    assert ConversationController.new(store).send("Hello").first  # which names a new conversation
+
+
+def test_the_prompt_is_estimated_from_its_messages_text_with_four_tokens_each(tmp_path):
+    _, chat, _ = make(tmp_path)
+    assert chat.estimated_tokens("", len) == 0
+    chat.add_user("Hello")
+    assert chat.estimated_tokens("Be brief.", len) == (9 + 4) + (5 + 4)  # the system prompt counts too

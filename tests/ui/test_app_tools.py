@@ -176,3 +176,30 @@ async def test_a_tool_that_raises_and_a_megabyte_result_each_give_a_line_and_los
         shown = str(views[1].query_one(Collapsible.Contents).query_one(Static).render())
         assert len(shown) < ToolView.SHOWN + 100 and "more characters (in the export)" in shown
         assert messages[-1].content == "One failed, the other was long."
+
+
+async def test_always_holds_for_the_conversations_next_answers_and_not_in_another(tmp_path):
+    """"Always" for echo: the conversation's next answer calls it without asking; a new conversation, offered the
+    same tools, asks again (the set is the conversation's, for this session)."""
+    backend, app = scripted(tmp_path, "Echoed.", ECHO)
+    backend.tool_script = [(ECHO,), (), (ECHO,), (), (ECHO,), ()]  # each reply: a call, then words
+    async with app.run_test(size=(140, 50)) as pilot:
+        await choose_all_tools(pilot, app)
+        await send(pilot, app, "Echo once")
+        await asked(pilot, app)
+        await pilot.press("a")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the first reply", timeout=60)
+        await send(pilot, app, "Echo again")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 4 or isinstance(app.screen, ToolCallScreen),
+                    "the second reply, or a question", timeout=60)
+        asked_again = isinstance(app.screen, ToolCallScreen)
+        if asked_again:
+            await pilot.press("n")  # refused, so that the generation ends and the app can close
+        assert not asked_again, "asked again about a tool allowed always"
+        assert roles(app) == ["user", "assistant", "tool", "assistant"] * 2
+        await pilot.press("ctrl+n")
+        await choose_all_tools(pilot, app)
+        await send(pilot, app, "Echo in a new chat")
+        await asked(pilot, app)
+        await pilot.press("y")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 6, "the reply in the new chat", timeout=60)

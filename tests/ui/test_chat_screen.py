@@ -24,7 +24,7 @@ from specchat.service.settings import load_settings
 from specchat.service.thinking import ThinkingSplit
 from specchat.store.conversations import Store
 from specchat.ui.app import SpecchatApp
-from specchat.ui.chat import ChatInput, ChatScreen
+from specchat.ui.chat import ChatInput, ChatScreen, after
 from specchat.ui.conversations import ConversationList, ConversationSearch
 from specchat.ui.screens import PromptScreen
 from specchat.ui.widgets import SPARK, MessageView, StatsPanel
@@ -359,6 +359,30 @@ async def test_the_attached_list_empties_once_the_message_is_sent(tmp_path):
         assert app.chat.attachments == []
         assert "notes.txt" not in text_of(app, "#attached")  # it no longer goes with the next message
 
+
+
+async def test_an_edit_and_the_selection_stay_when_their_conversation_is_chosen_again(tmp_path):
+    """Choosing the conversation on screen in the list opens it anew: the selected message and the edit under way
+    are still this window's, and Esc still gives back what was typed before the edit."""
+    app = make_app(tmp_path, FakeBackend("An answer."))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await send(pilot, app, "The question")
+        await until(pilot, lambda: answered(app), "the answer")
+        box = app.query_one("#input")
+        box.text = "half a thought"
+        await pilot.press("alt+up", "alt+up", "ctrl+e")
+        await until(pilot, lambda: box.text == "The question", "the question in the input")
+        before = app.chat.conversation
+        app.chat.query_one(ConversationList).post_message(ConversationList.Chosen(app.conversation_id))
+        await until(pilot, lambda: app.chat.conversation is not before, "the conversation opened again")
+        assert app.chat.conversation.selected == 0 and box.text == "The question"
+        await pilot.press("escape")
+        await until(pilot, lambda: box.text == "half a thought", "what was typed before the edit")
+
+
+def test_a_key_that_cycles_a_setting_goes_round_and_starts_where_the_setting_is_not_an_option():
+    assert [after(["default", "on", "off"], now) for now in ("default", "on", "off")] == ["on", "off", "default"]
+    assert after(["lookup", "none"], "draft") == "lookup"  # e.g. a guesser this backend cannot run
 
 # --- 6. search ------------------------------------------------------------------------------------------
 
@@ -722,7 +746,7 @@ async def test_an_edit_begun_in_one_conversation_is_not_sent_into_another(tmp_pa
         await until(pilot, lambda: answered(app), "the first answer")
         first = app.conversation_id
         await pilot.press("ctrl+e")  # an edit of "First chat" begun...
-        await until(pilot, lambda: app.chat.editing is not None, "the edit")
+        await until(pilot, lambda: app.chat.conversation.editing is not None, "the edit")
         await pilot.press("ctrl+n")  # ...and left for a new conversation
         await until(pilot, lambda: app.conversation_id != first, "the new chat")
         await send(pilot, app, "Second chat")
@@ -743,7 +767,7 @@ async def test_esc_cancels_an_edit_and_what_was_typed_before_it_comes_back(tmp_p
         await pilot.press("ctrl+e")
         await until(pilot, lambda: box.text == "The question", "the question in the input")
         await pilot.press("escape")
-        await until(pilot, lambda: app.chat.editing is None, "the edit to be cancelled")
+        await until(pilot, lambda: app.chat.conversation.editing is None, "the edit to be cancelled")
         assert box.text == "half a thought" and "edit cancelled" in str(app.chat.query_one("#status").render())
         await pilot.press("enter")  # now a new message after the answer, not an edit
         await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the second answer")
