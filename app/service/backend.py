@@ -46,16 +46,13 @@ class Backend(Protocol):
 
     def baseline(self) -> Baseline: ...
 
-    # The model may be offered tools (`chat`'s `tools`), its calls coming back on the Done (this machine's models
-    # and a server alike; a server that refuses tools says so in one line when asked with them).
-    offers_tools: bool
-
     def chat(self, messages: Sequence[Message], config: GenerationConfig, guesser: str,
              cancel: threading.Event, think: bool | None = None,
              tools: Sequence[dict[str, Any]] | None = None, tool_choice: str = "auto") -> Iterator[BackendEvent]:
         """Answer the last message; `think` turns a reasoning model's thinking on or off (None: as it does
         unasked), for a template with a switch (`thinking_switch`); `tools` (OpenAI function schemas) are
-        offered to the model, where the backend `offers_tools`, and `tool_choice` "required" makes it call one."""
+        offered to the model, its calls coming back on the Done, and `tool_choice` "required" makes it call one (a
+        server that refuses tools says so in one line)."""
 
     def count_tokens(self, text: str) -> int: ...
 

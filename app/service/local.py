@@ -76,7 +76,6 @@ class LocalBackend:
 
     server = None
     guesser_asked = False
-    offers_tools = True
 
     def __init__(self, choice: ModelChoice, store: Store | None = None) -> None:
         self.choice, self.store = choice, store

@@ -127,7 +127,6 @@ class RemoteBackend:
 
     pair = draft = None  # the server's models are its own, and it does not say which draft it runs
     guesser_asked = True
-    offers_tools = True  # sent as OpenAI's tools; a server that refuses them says so in one line
     thinking_switch = "enable_thinking"  # asked of the server's template, which may not read it
 
     def __init__(self, choice: RemoteChoice) -> None:

@@ -299,8 +299,7 @@ class ChatScreen(Screen[None]):
         if server is not None and marked != server:  # the conversation says where its answers came from
             self.sub_title = f"answered by {server}"
             self.refresh_conversations()
-        tools = self.conversation.tools if app.backend.offers_tools else None
-        self._generate(messages, self.think(), tools)
+        self._generate(messages, self.think(), self.conversation.tools)
 
     async def _begin_answer(self) -> None:
         """A view for the next answer, and the answer stored before its first token."""

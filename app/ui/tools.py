@@ -159,10 +159,6 @@ class ChatTools:
         """F5: choose the tools this conversation offers the model, from the configured MCP servers' (started now,
         the first time)."""
         app = self.screen.chat_app
-        if app.backend is not None and not app.backend.offers_tools:
-            app.notify("Tools run with this machine's models: a server's tool calls are not shown yet",
-                       severity="warning", timeout=10)
-            return
         self.screen.status("starting the MCP servers…" if app.toolbox is None else "")
         # A worker of the screen's, as before: exclusive, so F5 pressed again while servers start waits for none.
         self.screen.run_worker(self._offer, thread=True, exclusive=True, group="tools")

@@ -24,7 +24,6 @@ class FakeBackend:
     guesser_asked = False
     n_ctx = 4096
     thinking_switch: str | None = None
-    offers_tools = True
 
     def __init__(self, answer: str = "Hello **world**, this is a scripted answer.",
                  pause_after: int | None = None, notice: str | None = None,
