@@ -29,7 +29,7 @@ from specchat.store.files import log_path
 log = logging.getLogger("specchat.ui")
 
 DRAW_INTERVAL_S = 0.1, 1.0  # redraw at most ten times a second, and at least once a second
-UI_SHARE = 0.025  # of a core, for the UI thread while an answer streams
+UI_SHARE = 0.015  # of a core, for the UI thread while an answer streams (bench/ui_cost: the draws ~0.5 s apart at 40 tok/s)
 
 
 Piece = Union[Step, Chunk]  # what streams: the engine's steps, or a server's chunks of text
