@@ -9,7 +9,6 @@ from dataclasses import replace
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 from rich.cells import cell_len
-from rich.console import RenderableType
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
@@ -117,7 +116,7 @@ class _Growing(Static):
         super().__init__(**kwargs)
         self._rows = 0
 
-    def show(self, what: RenderableType) -> None:
+    def show(self, what: Content) -> None:
         self.update(what, layout=False)
         width = self.content_size.width
         if not width:  # not laid out yet, or hidden: the layout that shows it sizes it
