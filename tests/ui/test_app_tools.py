@@ -33,6 +33,15 @@ def roles(app: SpecchatApp) -> list[str]:
     return [m.role for m in app.chat.conversation.messages()]
 
 
+async def answer_the_call(pilot, app: SpecchatApp, backend: FakeBackend, prompt: str, key: str, calls: int = 2) -> None:
+    """Send `prompt`, answer the question about its call with `key` (y, a or n), and wait for the reply after the
+    call: the backend asked `calls` times in all."""
+    await send(pilot, app, prompt)
+    await asked(pilot, app)
+    await pilot.press(key)
+    await until(pilot, lambda: answered(app) and len(backend.calls) == calls, "the reply after the call", timeout=60)
+
+
 async def test_a_call_allowed_runs_and_its_result_is_stored_shown_folded_and_answered(tmp_path):
     backend, app = scripted(tmp_path, "The note says saffron and eggs.", ECHO)
     async with app.run_test(size=(140, 50)) as pilot:
@@ -69,10 +78,7 @@ async def test_a_refused_call_is_not_run_and_the_model_is_told_so(tmp_path):
     backend, app = scripted(tmp_path, "I could not read it.", ToolCall("pid", "{}", "call_1"))
     async with app.run_test(size=(140, 50)) as pilot:
         await choose_all_tools(pilot, app)
-        await send(pilot, app, "Which process are you?")
-        await asked(pilot, app)
-        await pilot.press("n")
-        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the answer after the refusal", timeout=60)
+        await answer_the_call(pilot, app, backend, "Which process are you?", "n")
         assert roles(app) == ["user", "assistant", "tool", "assistant"]
         result = app.chat.conversation.messages()[2]
         assert result.content == REFUSED and result.stats == {"refused": True, "failed": False}
@@ -83,10 +89,7 @@ async def test_a_server_that_hangs_gives_one_line_and_the_conversation_goes_on(t
     backend, app = scripted(tmp_path, "The tool did not answer.", ToolCall("block", "{}", "call_1"), timeout_s=1.0)
     async with app.run_test(size=(140, 50)) as pilot:
         await choose_all_tools(pilot, app)
-        await send(pilot, app, "Wait for the block tool")
-        await asked(pilot, app)
-        await pilot.press("y")
-        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the answer after the timeout", timeout=60)
+        await answer_the_call(pilot, app, backend, "Wait for the block tool", "y")
         result = app.chat.conversation.messages()[2]
         assert "timed out after 1 s" in result.content and "\n" not in result.content
         assert result.stats == {"refused": False, "failed": True}
@@ -141,10 +144,7 @@ async def test_call_first_makes_the_first_answer_call_and_the_next_answer_in_wor
         await pilot.press("ctrl+a", "ctrl+t", "enter")
         await until(pilot, lambda: app.chat.conversation.tools, "the tools chosen")
         assert app.chat.conversation.tools.call_first
-        await send(pilot, app, "What does echo say?")
-        await asked(pilot, app)
-        await pilot.press("y")
-        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the answer after the call", timeout=60)
+        await answer_the_call(pilot, app, backend, "What does echo say?", "y")
         assert backend.tool_choices == ["required", "auto"] and "echo" in backend.offered[0] and backend.offered[1] == []
         assert roles(app) == ["user", "assistant", "tool", "assistant"]
 
@@ -185,10 +185,7 @@ async def test_always_holds_for_the_conversations_next_answers_and_not_in_anothe
     backend.tool_script = [(ECHO,), (), (ECHO,), (), (ECHO,), ()]  # each reply: a call, then words
     async with app.run_test(size=(140, 50)) as pilot:
         await choose_all_tools(pilot, app)
-        await send(pilot, app, "Echo once")
-        await asked(pilot, app)
-        await pilot.press("a")
-        await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the first reply", timeout=60)
+        await answer_the_call(pilot, app, backend, "Echo once", "a")
         await send(pilot, app, "Echo again")
         await until(pilot, lambda: answered(app) and len(backend.calls) == 4 or isinstance(app.screen, ToolCallScreen),
                     "the second reply, or a question", timeout=60)
@@ -199,7 +196,4 @@ async def test_always_holds_for_the_conversations_next_answers_and_not_in_anothe
         assert roles(app) == ["user", "assistant", "tool", "assistant"] * 2
         await pilot.press("ctrl+n")
         await choose_all_tools(pilot, app)
-        await send(pilot, app, "Echo in a new chat")
-        await asked(pilot, app)
-        await pilot.press("y")
-        await until(pilot, lambda: answered(app) and len(backend.calls) == 6, "the reply in the new chat", timeout=60)
+        await answer_the_call(pilot, app, backend, "Echo in a new chat", "y", calls=6)
