@@ -90,7 +90,7 @@ class Engine:
             context.extend(new)
             answer.append(step.text)
             last_end += step.span_s  # the next step's span starts where this one's ended
-            self.guesser.observe(step.drafted, step.accepted, step.draft_s)
+            self.guesser.observe(step.drafted, step.accepted, step.span_s)
             stats = stats.add_step(step)
             yield step
             if step.ended or text.stopped:

@@ -11,6 +11,7 @@ rejection restoring it and decoding the accepted tokens again (`Rollback`).
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -231,13 +232,13 @@ class MatchAcceptance:
             estimate.relax()
 
 
-# The loss budget: what auto may lose, at worst, against plain decoding. An answer's account starts with
-# LOSS_BUDGET of START_STEPS plain steps and earns LOSS_BUDGET of every token's plain cost on top of what
-# its guesses gained; a guess whose every token could be rejected is sent only if that worst case fits.
-# 48 steps: room for one wrong single guess on a 2-core CPU (0.57 of a step) at an answer's start, while
-# even a 40-token answer whose every guess failed ends within 5% of plain decoding.
+# The loss budget: what auto may lose, at worst, against plain decoding. An answer's account opens with
+# START_STEPS plain steps of room (at least one wrong single guess, so that guessing can begin) and earns
+# LOSS_BUDGET of every token's plain cost on top of what its guesses gained; a guess whose every token could
+# be rejected is sent only if that worst case fits. So an N-token answer whose every guess failed ends within
+# LOSS_BUDGET + START_STEPS / N of plain decoding: 5% at 20 tokens.
 LOSS_BUDGET = 0.02
-START_STEPS = 48
+START_STEPS = 20 * (0.05 - LOSS_BUDGET)
 
 
 @dataclass
@@ -256,10 +257,11 @@ class LossAccount:
         """A new answer: its own account opens; the conversation's carries on."""
         self.gained = self.plain = 0.0
 
-    def allowance(self, plain_s: float) -> float:
-        """The most the next step may lose against a plain step, in seconds."""
-        answer = self.gained + LOSS_BUDGET * (self.plain + START_STEPS * plain_s)
-        conversation = self.total_gained + LOSS_BUDGET * (self.total_plain + START_STEPS * plain_s)
+    def allowance(self, start_s: float) -> float:
+        """The most the next step may lose against a plain step, in seconds, where each account opened with
+        start_s of room."""
+        answer = self.gained + LOSS_BUDGET * self.plain + start_s
+        conversation = self.total_gained + LOSS_BUDGET * self.total_plain + start_s
         return max(0.0, min(answer, conversation))
 
     def settle(self, tokens: int, seconds: float, plain_s: float) -> None:
@@ -270,3 +272,21 @@ class LossAccount:
         self.total_gained += for_plain - seconds
         self.total_plain += for_plain
 
+
+class Clock:
+    """How much dearer than the curve plain steps run by the clock now: the median, over recent plain steps,
+    of a step's measured time (proposing, verifying, handing the token on) over the curve's figure. The curve
+    is the fastest of its measurements, kept apart from a busy moment's; this ratio is what the moment adds,
+    measured where auto decides, so that the account can settle each step at its real time against plain
+    decoding timed alike. 1 until a plain step is seen."""
+
+    def __init__(self, size: int = 16) -> None:
+        self._ratios: deque[float] = deque(maxlen=size)
+
+    def plain(self, span_s: float, curve_s: float) -> None:
+        """A plain step that took span_s where the curve says curve_s."""
+        self._ratios.append(span_s / curve_s)
+
+    @property
+    def ratio(self) -> float:
+        return float(np.median(self._ratios)) if self._ratios else 1.0

@@ -55,7 +55,7 @@ def replay_lookup(seq: Sequence[int], start: int, max_ngram: int = 3, num: int =
 def replay(answer: Answer, curve: CostCurve, guesser: Guesser) -> tuple[float, int]:
     """Seconds the answer takes under the guesser's choices, every step costed by the curve (as auto's own
     account costs it: drafting, verifying, and taking back what a cache cannot drop), and steps. The guesser
-    learns as it would live, at the answer's temperature; under a seed, so its account is by the curve too."""
+    learns as it would live, at the answer's temperature, told no step's time: its account is by the curve too."""
     seq, start = answer.seq, len(answer.prompt)
     sampling = SamplingConfig(answer.temperature, seed=0)
     rng = np.random.default_rng(0)
@@ -66,7 +66,7 @@ def replay(answer: Answer, curve: CostCurve, guesser: Guesser) -> tuple[float, i
         r = accepted(guess.tokens, seq, i)
         drafting = len(guess.tokens) * curve.token_s(guess.guesser) if guess.guesser in ("draft", "mtp") else 0.0
         step = curve.spent_s(len(guess.tokens), r, drafting)
-        guesser.observe(len(guess.tokens), r, drafting)
+        guesser.observe(len(guess.tokens), r)
         seconds += step
         i += r + 1
         steps += 1

@@ -10,7 +10,6 @@ from specchat.decoding.guessers import AutoGuesser
 from specchat.decoding.guessers.sources import Copy
 from specchat.decoding.policy import (
     LOSS_BUDGET,
-    START_STEPS,
     Acceptance,
     CostCurve,
     LossAccount,
@@ -25,7 +24,7 @@ from specchat.decoding.policy import (
 from specchat.decoding.sampling import SamplingConfig
 from specchat.tools.judging import auto_for
 from specchat.tools.recorded import Answer
-from specchat.tools.replay import replay
+from specchat.tools.replay import accepted, replay
 
 # Shapes measured on this project's machines: a 2-core CPU, where verifying 5 positions costs
 # about 3.6 single steps, and a GPU-like curve that is nearly flat.
@@ -136,9 +135,9 @@ def test_auto_learns_to_stop_guessing_what_is_always_rejected():
         proposal = auto.propose(ctx, 8, greedy, rng)
         if proposal.tokens:
             tried += 1
-            auto.observe(len(proposal.tokens), 0, 0.0)
+            auto.observe(len(proposal.tokens), 0)
         else:
-            auto.observe(0, 0, 0.0)
+            auto.observe(0, 0)
     assert 0 < tried < 10
 
 
@@ -154,7 +153,7 @@ def test_a_copy_auto_passes_up_is_judged_by_what_the_step_committed():
         buckets = auto.lookup_acceptance["far"].buckets
         before = [(b.accepted, b.judged) for b in buckets]
         assert auto.propose(ctx, 8, greedy, rng).guesser == "none"
-        auto.observe(0, 0, 0.0)
+        auto.observe(0, 0)
         auto.propose(ctx + committed, 8, greedy, rng)
         assert [i for i, b in enumerate(buckets) if (b.accepted, b.judged) != before[i]] == judged, committed
         assert (buckets[0].alpha > before[0][0] / before[0][1]) == (committed[0] == 6), committed
@@ -164,7 +163,7 @@ def test_a_copy_auto_passes_up_is_judged_by_what_the_step_committed():
     auto.prepare(ctx)
     sent = auto.propose(ctx, 3, greedy, rng)
     assert sent.guesser == "lookup" and sent.tokens == [6, 7, 8]
-    auto.observe(3, 3, 0.0)
+    auto.observe(3, 3)
     judged = [b.judged for b in auto.lookup_acceptance["far"].buckets]
     auto.propose(ctx + [6, 7, 8, 2], 8, greedy, rng)
     assert [b.judged for b in auto.lookup_acceptance["far"].buckets] == judged
@@ -189,13 +188,13 @@ def test_auto_guesses_a_substitution_after_an_edit_inside_a_copy():
     auto.prepare(answer)
     first = auto.propose(answer, 8, greedy, rng)
     assert first.tokens[:3] == [12, 40, 13]
-    auto.observe(len(first.tokens), 1, 0.0)  # 12 accepted; the target said 41, not 40
+    auto.observe(len(first.tokens), 1)  # 12 accepted; the target said 41, not 40
     resumed = auto.propose(answer + [12, 41], 8, greedy, rng)
     assert resumed.guesser == "lookup" and resumed.tokens[:3] == [13, 14, 15]  # copying on after 40
     # A miss at the very first guessed token may only mean the wrong occurrence: no substitution then.
     auto.prepare(answer)
     auto.propose(answer, 8, greedy, rng)
-    auto.observe(len(first.tokens), 0, 0.0)
+    auto.observe(len(first.tokens), 0)
     assert auto.propose(answer + [77], 8, greedy, rng).guesser == "none"
 
 
@@ -209,7 +208,7 @@ def test_auto_resumes_after_the_text_a_fixed_typo_replaced():
     auto.prepare(answer)
     first = auto.propose(answer, 8, greedy, rng)
     assert first.tokens[:3] == [12, 13, 14]
-    auto.observe(len(first.tokens), 1, 0.0)  # " is" accepted; the target wrote " available"
+    auto.observe(len(first.tokens), 1)  # " is" accepted; the target wrote " available"
     resumed = auto.propose(answer + [12, 17], 8, greedy, rng)
     # " available" stands for " avail" "ble": copying resumes at " for", not at "ble".
     assert resumed.guesser == "lookup" and resumed.tokens[:2] == [15, 16]
@@ -245,7 +244,7 @@ def test_auto_credits_the_branch_of_a_tree_that_held():
                for c in tree.children(-1)}  # each branch's length, by its first token
     heard = []
     auto.lookup_acceptance["far"].observe = lambda m, d, a: heard.append((d, a))
-    auto.observe(len(proposal.tokens), 3, 0.0)  # three tokens of one branch held
+    auto.observe(len(proposal.tokens), 3)  # three tokens of one branch held
     assert heard == []  # which one is not known yet
     auto.propose(context + [7, 8, 9, 0], 8, greedy, rng)  # the next step shows it: 7 8 9
     # the branch that held is credited with them, the other with a miss; copying goes on from there
@@ -260,7 +259,7 @@ def test_a_tree_that_ended_a_generation_is_not_credited_from_the_next_one():
     assert auto.propose(context, 8, greedy, rng).tree is not None
     heard = []
     auto.lookup_acceptance["far"].observe = lambda m, d, a: heard.append((d, a))
-    auto.observe(6, 3, 0.0)
+    auto.observe(6, 3)
     other = [4, 4, 4, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]  # a new prompt: position 15 says nothing
     auto.prepare(other)
     auto.propose(other, 8, greedy, rng)
@@ -278,9 +277,9 @@ def _adversarial(seed: int = 27, n: int = 500, vocabulary: int = 8) -> Answer:
 def test_the_loss_budget_holds_auto_near_plain_whatever_its_priors(monkeypatch, curve):
     answer = _adversarial()
     plain = float(curve.verify(1)) * len(answer.answer)
-    # At worst the budget's share of the answer's plain time, and of its start allowance, is lost.
-    floor = plain / (plain + LOSS_BUDGET * (plain + START_STEPS * float(curve.verify(1))))
     auto = auto_for(answer, curve)
+    # At worst the budget's share of the answer's plain time is lost, and the room it opens with.
+    floor = plain / (plain + LOSS_BUDGET * plain + auto.opening_s())
     seconds, _ = replay(answer, curve, auto)
     assert plain / seconds >= floor - 1e-9
     assert auto.account.gained < 0  # it did guess, and lost: the floor is the budget's, not plain decoding's
@@ -296,6 +295,41 @@ def test_the_loss_budget_lets_a_copy_that_pays_run_long():
     answer = Answer("rewrite", "held-out", 0.0, tuple([1, *passage, 2]), tuple(passage))
     seconds, steps = replay(answer, CPU, auto_for(answer, CPU))
     assert float(CPU.verify(1)) * len(passage) / seconds > 2.0 and steps < len(passage) / 4
+
+
+def _timed_replay(answer: Answer, curve: CostCurve, auto: AutoGuesser, slower: float, extra_s: float,
+                  told: bool = True) -> float:
+    """The answer decoded under auto unseeded, each step taking `slower` times the curve's price (a machine
+    slower than at calibration) and `extra_s` more where it guessed (what the curve leaves out: proposing,
+    taking back); auto is told each step's time (`told`) or not. Returns the seconds by that clock."""
+    seq, start = answer.seq, len(answer.prompt)
+    sampling, rng = SamplingConfig(answer.temperature), np.random.default_rng(0)
+    auto.prepare(seq[:start])
+    i, seconds = start, 0.0
+    while i < len(seq):
+        guess = auto.propose(seq[:i], min(16, len(seq) - i - 1), sampling, rng)
+        kept = accepted(guess.tokens, seq, i)
+        span = slower * curve.spent_s(len(guess.tokens), kept, 0.0) + (extra_s if guess.tokens else 0.0)
+        auto.observe(len(guess.tokens), kept, span if told else None)
+        seconds += span
+        i += kept + 1
+    return seconds
+
+
+@pytest.mark.parametrize("curve", [LAPTOP, GPU], ids=["laptop", "gpu"])  # (on the CPU's, this text is hardly guessed)
+def test_the_budget_holds_by_the_clock_where_guessing_costs_more_than_the_curve_says(curve):
+    """Unseeded, the account settles each step at its measured time against plain steps timed alike: on a
+    text where every prior is wrong, with every step 1.3 times its calibrated price and a guessing step
+    a third of a plain step dearer still, auto ends within the budget of plain decoding by the clock. The
+    control: settled by the curve, as under a seed, the same run loses more than that."""
+    answer, slower, extra = _adversarial(), 1.3, float(curve.verify(1)) / 3
+    plain = slower * float(curve.verify(1)) * len(answer.answer)
+    auto = auto_for(answer, curve)
+    floor = plain / (plain + LOSS_BUDGET * plain + slower * auto.opening_s())
+    seconds = _timed_replay(answer, curve, auto, slower, extra)
+    assert auto.account.gained < 0 < auto.account.plain  # it guessed, and lost
+    assert plain / seconds >= floor - 1e-9
+    assert plain / _timed_replay(answer, curve, auto_for(answer, curve), slower, extra, told=False) < floor
 
 
 def test_the_account_prices_each_step_by_the_curve_under_a_seed():
@@ -320,6 +354,6 @@ def test_auto_takes_a_plain_step_when_it_has_gone_long_without_one():
     for n in range(3 * PLAIN_EVERY):
         proposal = auto.propose(context, 4, greedy, rng)
         plain += [n] if not proposal.tokens else []
-        auto.observe(len(proposal.tokens), len(proposal.tokens), 0.0)
+        auto.observe(len(proposal.tokens), len(proposal.tokens))
         context += proposal.tokens + [text[len(context) - len(text) + len(proposal.tokens)]]
     assert plain == [PLAIN_EVERY, 2 * PLAIN_EVERY + 1]

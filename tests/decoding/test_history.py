@@ -181,7 +181,7 @@ def test_what_copies_from_history_earned_carries_into_the_next_chat_apart_for_sa
     for _ in range(30):  # earlier chats: every sampled copy from history rejected at once
         auto = AutoGuesser(FLAT, history=index)
         drafted = len(auto.propose(context, 8, sampled, rng).tokens)
-        auto.observe(drafted, 0, 0.0)
+        auto.observe(drafted, 0)
     # On this nearly flat curve one more position costs 2% of a step: a 1-token guess still pays.
     assert offered(sampled) <= 1
     assert offered(greedy) == before  # greedy copies keep their own record

@@ -10,7 +10,9 @@ from specchat.decoding.guessers.base import Allowed, BaseGuesser, Proposal
 from specchat.decoding.guessers.sources import Copy, Offer, Passage, SentTree, as_tree, branches
 from specchat.decoding.policy import (
     PRIORS,
+    START_STEPS,
     Acceptance,
+    Clock,
     CostCurve,
     LossAccount,
     MatchAcceptance,
@@ -81,8 +83,11 @@ class AutoGuesser(BaseGuesser):
         # they would have held, evidence that costs nothing (see _settle_unsent).
         self._unsent: tuple[int, list[tuple[Copy, list[int]]]] = (0, [])
         # What guessing has gained or lost against plain decoding: no guess may risk more than it allows.
+        # Steps are settled at their time by the clock, against plain steps timed alike (`clock`); under a
+        # seed by the curve, so that the same choices, and so the same text, come again.
         self.account = LossAccount()
-        self._timed = True  # the account counts the drafters' real time (not under a seed: by the curve)
+        self.clock = Clock()
+        self._timed = True
         self._since_plain = 0  # steps since the last plain one
         for name, drafter in self.drafters.items():
             drafter.keep_going = lambda confidences, name=name: keep_drafting(
@@ -143,7 +148,10 @@ class AutoGuesser(BaseGuesser):
         self.lookup_acceptance, self.drafter_acceptance = self._estimates_for(sampling.greedy)
         self._settle_unsent(context)
         best = 1.0 / float(self.curve.verify(1))  # a plain step
-        allow = self.account.allowance(float(self.curve.verify(1)))  # what this step may lose at worst
+        # What this step may lose at worst: the account is in seconds by the clock (under a seed, by the
+        # curve), and the curve prices a worst case in its own, so by the ratio between.
+        ratio = self.clock.ratio if self._timed else 1.0
+        allow = self.account.allowance(ratio * self.opening_s()) / ratio
         choice = Proposal.empty()
         found: list[tuple[Copy, list[int]]] = []  # every copy found: those not sent are judged next step
         offers: list[Offer] = []  # those worth sending on their own, in the order found
@@ -206,13 +214,23 @@ class AutoGuesser(BaseGuesser):
             if n:
                 self._acceptance(copy).observe(copy.m, n, next((j for j in range(n) if found[j] != committed[j]), n))
 
-    def observe(self, drafted: int, accepted: int, draft_s: float) -> None:
+    def opening_s(self) -> float:
+        """The room an answer's account opens with, in the curve's terms: START_STEPS plain steps, or one
+        wrong single guess where that costs more, so that guessing can begin."""
+        return max(START_STEPS * float(self.curve.verify(1)), float(self.curve.worst_loss(1, 0.0)[1]))
+
+    def observe(self, drafted: int, accepted: int, span_s: float | None = None) -> None:
         # The curve is the service's to keep current (from every step, whoever guessed): auto keeps its
-        # account and learns acceptance here. The account prices the verification by the curve (a plain
-        # step's own time varies more than any guess gains) and a drafter's work by its real time.
+        # account and learns acceptance here.
         name = self._last if isinstance(self._last, str) and self._last in self.drafters else None
-        drafting = 0.0 if name is None else draft_s if self._timed else drafted * self.curve.token_s(name)
-        self.account.settle(accepted + 1, self.curve.spent_s(drafted, accepted, drafting), float(self.curve.verify(1)))
+        plain_s = float(self.curve.verify(1))
+        seconds = self.curve.spent_s(drafted, accepted, 0.0 if name is None else drafted * self.curve.token_s(name))
+        if self._timed and span_s is not None:  # by the clock; a plain step is plain decoding: it settles even
+            if not drafted:
+                self.clock.plain(span_s, plain_s)
+            plain_s *= self.clock.ratio
+            seconds = span_s if drafted else plain_s
+        self.account.settle(accepted + 1, seconds, plain_s)
         self._since_plain = 0 if not drafted else self._since_plain + 1
         self._learn(drafted, accepted)
 

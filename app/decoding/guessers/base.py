@@ -47,10 +47,11 @@ class Guesser(Protocol):
                 rng: np.random.Generator) -> Proposal:
         """Up to k tokens likely to follow context (which ends with the last committed token)."""
 
-    def observe(self, drafted: int, accepted: int, draft_s: float) -> None:
+    def observe(self, drafted: int, accepted: int, span_s: float | None = None) -> None:
         """What the step made of the last proposal, for guessers that learn: how many of its tokens the
-        target kept, and what proposing them took (a drafter's real time; the service keeps the cost
-        curve, so a guesser needs no timing of the verification)."""
+        target kept, and the step's time by the clock, from the last step's end to this one's: proposing,
+        verifying, taking back, handing the tokens on (None: untimed, as in a replay). The service keeps
+        the cost curve from the same steps."""
 
     def constrain(self, allowed: Allowed | None) -> None:
         """Called at each generation's start: the grammar's masks for drafting under it (None: no grammar).
@@ -66,7 +67,7 @@ class BaseGuesser:
     def prepare(self, context: Sequence[int]) -> None:
         pass
 
-    def observe(self, drafted: int, accepted: int, draft_s: float) -> None:
+    def observe(self, drafted: int, accepted: int, span_s: float | None = None) -> None:
         pass
 
     def constrain(self, allowed: Allowed | None) -> None:
