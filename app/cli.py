@@ -7,7 +7,7 @@ import difflib
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from specchat.decoding.guessers import GUESSERS, REGISTRY
 from specchat.errors import SpecchatError
@@ -57,19 +57,27 @@ def _with_command(argv: list[str], commands: Sequence[str]) -> list[str]:
 def _parser() -> tuple[argparse.ArgumentParser, list[str]]:
     p = argparse.ArgumentParser(prog="specchat", description="Local chat with exact speculative decoding.")
     sub = p.add_subparsers(dest="command")
+    for name, summary, arguments in _COMMANDS:
+        arguments(sub.add_parser(name, help=summary))
+    return p, list(sub.choices)
 
-    c = sub.add_parser("chat", help="open the terminal app (the default when no command is given)")
+
+# Each command's arguments, and what runs it.
+
+def _chat_args(c: argparse.ArgumentParser) -> None:
     _model_args(c, guesser=False)
     _remote_args(c)
     c.set_defaults(run=_chat, file=None)
 
-    r = sub.add_parser("rewrite", help="open the terminal app in document rewrite mode")
+
+def _rewrite_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("file", type=Path)
     _model_args(r, guesser=False)
     _remote_args(r)
     r.set_defaults(run=_chat)
 
-    g = sub.add_parser("generate", help="answer one prompt (the answer on stdout, stats on stderr)")
+
+def _generate_args(g: argparse.ArgumentParser) -> None:
     g.add_argument("prompt")
     g.add_argument("--system", default=None, help="a system message (default: the settings' system prompt)")
     g.add_argument("--raw", action="store_true",
@@ -91,8 +99,8 @@ def _parser() -> tuple[argparse.ArgumentParser, list[str]]:
     _sampling_args(g)
     g.set_defaults(run=_generate)
 
-    pr = sub.add_parser("prompt", help="print the prompt the next answer of a stored conversation would be given "
-                                       "(the chat template's text: what goes back to the model, thinking or not)")
+
+def _prompt_args(pr: argparse.ArgumentParser) -> None:
     pr.add_argument("--conversation", type=int, default=None, help="its number in the app (default: the latest)")
     pr.add_argument("--then", metavar="TEXT", default=None, help="a next message of yours, as if sent")
     pr.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
@@ -100,7 +108,8 @@ def _parser() -> tuple[argparse.ArgumentParser, list[str]]:
     _model_args(pr, guesser=False)
     pr.set_defaults(run=_prompt)
 
-    b = sub.add_parser("bench", help="plain vs speculative decoding on a prompt set, side by side")
+
+def _bench_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--prompts", type=Path, nargs="+", required=True, help="JSONL files of {task, prompt}")
     b.add_argument("--json", type=Path, default=None, help="write the report here")
     b.add_argument("--repeat", type=int, default=3, help="runs per prompt and guesser; medians are reported")
@@ -108,7 +117,8 @@ def _parser() -> tuple[argparse.ArgumentParser, list[str]]:
     _sampling_args(b, settings_fill=False)
     b.set_defaults(run=_bench)
 
-    m = sub.add_parser("measure", help="acceptance measurements of a pair (the reference's method)")
+
+def _measure_args(m: argparse.ArgumentParser) -> None:
     m.add_argument("--prompts", type=Path, nargs="+", required=True, help="JSONL files of {task, prompt}")
     m.add_argument("--json", type=Path, default=None, help="write the report here")
     m.add_argument("--max-tokens", type=int, default=120)
@@ -116,49 +126,58 @@ def _parser() -> tuple[argparse.ArgumentParser, list[str]]:
     _model_args(m, guesser=False)
     m.set_defaults(run=_measure)
 
-    co = sub.add_parser("costs", help="this machine's decode cost curve for a pair (measured once, cached)")
+
+def _costs_args(co: argparse.ArgumentParser) -> None:
     co.add_argument("--remeasure", action="store_true", help="measure again and replace the cached curve")
     _model_args(co, guesser=False)
     co.set_defaults(run=_costs)
 
-    ls = sub.add_parser("models", help="list the catalogs' models and pairs, on disk or not, with sizes")
+
+def _models_args(ls: argparse.ArgumentParser) -> None:
     ls.set_defaults(run=_models)
 
-    add = sub.add_parser("add", help="add a model: a .gguf path, hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf")
+
+def _add_args(add: argparse.ArgumentParser) -> None:
     add.add_argument("source")
     add.add_argument("--name", default=None, help="its name in the catalog (default: from the file name)")
     add.add_argument("--no-fetch", action="store_true", help="record a hub model without downloading it yet")
     add.set_defaults(run=_add)
 
-    rm = sub.add_parser("remove", help="forget a model you added (and offer to delete its file)")
+
+def _remove_args(rm: argparse.ArgumentParser) -> None:
     rm.add_argument("name")
     rm.add_argument("--delete-file", action="store_true", default=None, help="delete its file without asking")
     rm.add_argument("--keep-file", action="store_false", dest="delete_file", help="keep its file without asking")
     rm.set_defaults(run=_remove)
 
-    dr = sub.add_parser("drafts", help="which models on disk and in the catalogs can draft for a target, and why not")
+
+def _drafts_args(dr: argparse.ArgumentParser) -> None:
     dr.add_argument("target", help="a catalog model, a pair (its target) or a .gguf path")
     dr.set_defaults(run=_drafts)
 
-    pa = sub.add_parser("pair", help="record a target/draft pair (no draft: the fastest compatible one on disk)")
+
+def _pair_args(pa: argparse.ArgumentParser) -> None:
     pa.add_argument("name")
     pa.add_argument("target")
     pa.add_argument("draft", nargs="?", default=None)
     pa.add_argument("--default", action="store_true", help="make it the pair the app and commands use by default")
     pa.set_defaults(run=_pair)
 
-    e = sub.add_parser("endurance", help="a long scripted session through the app, checking stats, memory, caches")
+
+def _endurance_args(e: argparse.ArgumentParser) -> None:
     e.add_argument("--minutes", type=float, default=20.0)
     e.add_argument("--workdir", type=Path, default=None, help="where its conversations go (default: a temp dir)")
     e.add_argument("--seed", type=int, default=0)
     _model_args(e, guesser=False)
     e.set_defaults(run=_endurance)
 
-    pull = sub.add_parser("pull", help="fetch a model or a pair (no name, or `default`: the default pair)")
+
+def _pull_args(pull: argparse.ArgumentParser) -> None:
     pull.add_argument("name", nargs="?", default=None)
     pull.set_defaults(run=_pull)
 
-    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (needs specchat[server])")
+
+def _serve_args(sv: argparse.ArgumentParser) -> None:
     _model_args(sv, guesser=False)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     sv.add_argument("--port", type=int, default=8080)
@@ -167,7 +186,27 @@ def _parser() -> tuple[argparse.ArgumentParser, list[str]]:
     sv.add_argument("--queue", type=int, default=8, help="requests that may wait for the one running (default: 8); "
                                                          "more are answered 503")
     sv.set_defaults(run=_serve)
-    return p, list(sub.choices)
+
+
+# The commands in the order `specchat --help` lists them: name, the line it shows, and what adds the arguments.
+_COMMANDS: tuple[tuple[str, str, Callable[[argparse.ArgumentParser], None]], ...] = (
+    ("chat", "open the terminal app (the default when no command is given)", _chat_args),
+    ("rewrite", "open the terminal app in document rewrite mode", _rewrite_args),
+    ("generate", "answer one prompt (the answer on stdout, stats on stderr)", _generate_args),
+    ("prompt", "print the prompt the next answer of a stored conversation would be given "
+               "(the chat template's text: what goes back to the model, thinking or not)", _prompt_args),
+    ("bench", "plain vs speculative decoding on a prompt set, side by side", _bench_args),
+    ("measure", "acceptance measurements of a pair (the reference's method)", _measure_args),
+    ("costs", "this machine's decode cost curve for a pair (measured once, cached)", _costs_args),
+    ("models", "list the catalogs' models and pairs, on disk or not, with sizes", _models_args),
+    ("add", "add a model: a .gguf path, hf:OWNER/REPO[:QUANT] or hf:OWNER/REPO/FILE.gguf", _add_args),
+    ("remove", "forget a model you added (and offer to delete its file)", _remove_args),
+    ("drafts", "which models on disk and in the catalogs can draft for a target, and why not", _drafts_args),
+    ("pair", "record a target/draft pair (no draft: the fastest compatible one on disk)", _pair_args),
+    ("endurance", "a long scripted session through the app, checking stats, memory, caches", _endurance_args),
+    ("pull", "fetch a model or a pair (no name, or `default`: the default pair)", _pull_args),
+    ("serve", "an OpenAI-compatible HTTP server over the engine (needs specchat[server])", _serve_args),
+)
 
 
 def _model_args(p: argparse.ArgumentParser, guesser: bool = True, multi_guesser: bool = False) -> None:

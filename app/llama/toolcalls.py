@@ -286,6 +286,21 @@ class Splitter:
         given = obj.get("id")
         return ToolCall(name, text, given if isinstance(given, str) and given else self._ids())
 
+    def _read(self, raw: str, payload: str, record: Callable[[Any], None], out: Delta, not_json: str = "not JSON") -> None:
+        """Decode a call's JSON and give it to `record`; where either fails, `raw` (the call's text) stays content."""
+        try:
+            record(json.loads(payload))
+        except ValueError as e:
+            self._malformed(raw, f"{not_json}: {e}", out)
+        except _Malformed as e:
+            self._malformed(raw, str(e), out)
+
+    def _named_call(self, args: Any, name: str, given_id: str | None, out: Delta) -> None:
+        """A call whose name (and maybe id) was written outside its JSON, which holds only the arguments."""
+        call = self._call(args, name)
+        out.calls.append(ToolCall(call.name, call.arguments, given_id or call.id))
+        self.called = True
+
     # --- the state machine ---------------------------------------------------------------------------
 
     def _advance(self, out: Delta, final: bool) -> bool:
@@ -328,103 +343,124 @@ class Splitter:
     def _finish(self, raw_len: int) -> None:
         self._held, self._marker, self._scan = self._held[raw_len:], None, None
 
+    def _give_up(self, why: str, out: Delta) -> None:
+        """The call under way is no call: all of its held text stays content, with an error."""
+        self._malformed(self._held, why, out)
+        self._finish(len(self._held))
+
     def _inside(self, out: Delta, final: bool) -> bool:
-        held, marker, fmt = self._held, self._marker or "", self.format
-        if fmt.end and marker in fmt.markers and marker != PYTHON_TAG:
-            at = held.find(fmt.end, max(len(marker), self._searched - len(fmt.end)))
-            if at < 0 and not final:
-                self._searched = len(held)
-                return False
-            payload, raw_len = (held[len(marker):at], at + len(fmt.end)) if at >= 0 else (held[len(marker):], len(held))
-            try:
-                value = json.loads(payload)
-            except ValueError as e:
-                self._malformed(held[:raw_len], f"not JSON: {e}", out)
-            else:
-                try:
-                    self._calls(value, out)
-                except _Malformed as e:
-                    self._malformed(held[:raw_len], str(e), out)
-            self._finish(raw_len)
-            return True
-        # The call ends where its JSON value does (or Mistral's NAME[ARGS]{...}'s arguments do).
-        payload = held[len(marker):]
-        first = payload.lstrip()
-        if not first:
-            if final:
-                self._malformed(held, "nothing after its marker", out)
-                self._finish(len(held))
-                return True
+        marker = self._marker or ""
+        if self.format.end and marker in self.format.markers and marker != PYTHON_TAG:
+            return self._until_end(marker, out, final)
+        return self._until_value_end(marker, out, final)
+
+    def _until_end(self, marker: str, out: Delta, final: bool) -> bool:
+        """A call that its format's end closes (`</tool_call>`): its JSON is all that lies between."""
+        held, end = self._held, self.format.end
+        at = held.find(end, max(len(marker), self._searched - len(end)))
+        if at < 0 and not final:
+            self._searched = len(held)
             return False
+        payload, raw_len = (held[len(marker):at], at + len(end)) if at >= 0 else (held[len(marker):], len(held))
+        self._read(held[:raw_len], payload, lambda value: self._calls(value, out), out)
+        self._finish(raw_len)
+        return True
+
+    def _until_value_end(self, marker: str, out: Delta, final: bool) -> bool:
+        """A call that ends where its JSON value does (or Mistral's NAME[ARGS]{...}'s arguments do)."""
         if self._scan is None:
-            self._named = None
-            if first[0] in "{[":
-                start = len(held) - len(first)
-            elif marker == "[TOOL_CALLS]" and (m := _MISTRAL_NAME.match(payload)):
-                self._named, start = (m.group(1), m.group(2)), len(marker) + m.end()
-            elif marker == "[TOOL_CALLS]" and not final and len(first) < 256 and "{" not in first:
-                return False  # maybe NAME[ARGS], still arriving
-            else:
-                self._malformed(held, "no JSON after its marker", out)
-                self._finish(len(held))
+            try:
+                start = self._value_start(marker, final)
+            except _Malformed as e:
+                self._give_up(str(e), out)
                 return True
+            if start is None:
+                return False
             self._scan, self._start_at = _Scan(start), start
+        held = self._held
         end = self._scan.end(held)
         if end is None:
             if not final:
                 return False
-            self._malformed(held, "its JSON never closed", out)
-            self._finish(len(held))
+            self._give_up("its JSON never closed", out)
             return True
-        try:
-            value = json.loads(held[self._start_at:end])
-            if self._named:
-                call = self._call(value, self._named[0])
-                out.calls.append(ToolCall(call.name, call.arguments, self._named[1] or call.id))
-                self.called = True
-            elif marker == "" and not _is_call(value):
-                self._content(held[:end], out)  # an answer in JSON, not a call
-            else:
-                self._calls(value, out)
-        except ValueError as e:
-            self._malformed(held[:end], f"not JSON: {e}", out)
-        except _Malformed as e:
-            self._malformed(held[:end], str(e), out)
+        self._read(held[:end], held[self._start_at:end], lambda value: self._record(value, marker, held[:end], out), out)
         self._finish(end)
         return True
 
-    def _harmony(self, out: Delta, final: bool) -> bool:
+    def _value_start(self, marker: str, final: bool) -> int | None:
+        """Where the call's JSON starts in the held text (Mistral's NAME[CALL_ID]ID[ARGS] before it kept in
+        `_named`), or None while that cannot be told yet. Raises _Malformed where no JSON follows the marker."""
         held = self._held
+        payload = held[len(marker):]
+        first = payload.lstrip()
+        if not first:
+            if final:
+                raise _Malformed("nothing after its marker")
+            return None
+        self._named = None
+        if first[0] in "{[":
+            return len(held) - len(first)
+        if marker == "[TOOL_CALLS]" and (m := _MISTRAL_NAME.match(payload)):
+            self._named = (m.group(1), m.group(2))
+            return len(marker) + m.end()
+        if marker == "[TOOL_CALLS]" and not final and len(first) < 256 and "{" not in first:
+            return None  # maybe NAME[ARGS], still arriving
+        raise _Malformed("no JSON after its marker")
+
+    def _record(self, value: Any, marker: str, raw: str, out: Delta) -> None:
+        """A decoded JSON value after a marker as the calls it makes; one bare at the answer's start that is no
+        call is the answer itself, content."""
+        if self._named:
+            self._named_call(value, *self._named, out)
+        elif marker == "" and not _is_call(value):
+            self._content(raw, out)  # an answer in JSON, not a call
+        else:
+            self._calls(value, out)
+
+    # --- Harmony ---------------------------------------------------------------------------------------
+
+    def _harmony(self, out: Delta, final: bool) -> bool:
         if self._marker is None:
-            starts = [i for i in (held.find(START), held.find(CHANNEL)) if i >= 0]
-            if self._fresh and held.startswith(RECIPIENT):
-                starts.append(0)  # the recipient right after the generation prompt's <|start|>assistant
-            if not starts:
-                keep = 0 if final else max(_overlap(held, (START, CHANNEL)),
-                                           len(held) if self._fresh and RECIPIENT.startswith(held) else 0)
-                self._content(held[:len(held) - keep], out)
-                self._held = held[len(held) - keep:]
+            return self._harmony_header(out, final)
+        return self._harmony_arguments(self._marker, out, final)
+
+    def _harmony_header(self, out: Delta, final: bool) -> bool:
+        """Between calls: text up to the next message's header passes on; a header that names a function opens a
+        call, whose arguments follow its <|message|>."""
+        held = self._held
+        starts = [i for i in (held.find(START), held.find(CHANNEL)) if i >= 0]
+        if self._fresh and held.startswith(RECIPIENT):
+            starts.append(0)  # the recipient right after the generation prompt's <|start|>assistant
+        if not starts:
+            keep = 0 if final else max(_overlap(held, (START, CHANNEL)),
+                                       len(held) if self._fresh and RECIPIENT.startswith(held) else 0)
+            self._content(held[:len(held) - keep], out)
+            self._held = held[len(held) - keep:]
+            return False
+        at = min(starts)
+        self._content(held[:at], out)
+        held = self._held = held[at:]
+        m = held.find(MESSAGE)
+        if m < 0:
+            if not final:
                 return False
-            at = min(starts)
-            self._content(held[:at], out)
-            held = self._held = held[at:]
-            m = held.find(MESSAGE)
-            if m < 0:
-                if not final:
-                    return False
-                self._content(held, out)
-                self._held = ""
-                return False
-            header = held[:m]
-            r = header.find(RECIPIENT)
-            if r < 0:  # a message to nobody (analysis, final, a preamble): passed on as it came
-                self._content(held[:m + len(MESSAGE)], out)
-                self._held = held[m + len(MESSAGE):]
-                return True
-            self._marker = re.split(r"[\s<]", header[r + len(RECIPIENT):], maxsplit=1)[0]
-            self._searched = m + len(MESSAGE)
+            self._content(held, out)
+            self._held = ""
+            return False
+        header = held[:m]
+        r = header.find(RECIPIENT)
+        if r < 0:  # a message to nobody (analysis, final, a preamble): passed on as it came
+            self._content(held[:m + len(MESSAGE)], out)
+            self._held = held[m + len(MESSAGE):]
             return True
-        # In a call's arguments: they end at <|call|>, <|end|>, the next header, or the answer's end.
+        self._marker = re.split(r"[\s<]", header[r + len(RECIPIENT):], maxsplit=1)[0]
+        self._searched = m + len(MESSAGE)
+        return True
+
+    def _harmony_arguments(self, name: str, out: Delta, final: bool) -> bool:
+        """In a call's arguments: they end at <|call|>, <|end|>, the next header, or the answer's end."""
+        held = self._held
         ends = [i for i in (held.find(x, self._searched) for x in (CALL, END, START, CHANNEL)) if i >= 0]
         if not ends and not final:
             self._searched = max(self._searched, len(held) - len(CHANNEL))
@@ -432,13 +468,8 @@ class Splitter:
         at = min(ends) if ends else len(held)
         body_at = held.find(MESSAGE) + len(MESSAGE)
         raw_len = at + len(CALL) if held.startswith(CALL, at) else at
-        try:
-            out.calls.append(self._call(json.loads(held[body_at:at]), self._marker))
-            self.called = True
-        except ValueError as e:
-            self._malformed(held[:raw_len], f"the arguments to {self._marker} are not JSON: {e}", out)
-        except _Malformed as e:
-            self._malformed(held[:raw_len], str(e), out)
+        self._read(held[:raw_len], held[body_at:at], lambda args: self._named_call(args, name, None, out), out,
+                   f"the arguments to {name} are not JSON")
         self._finish(raw_len)
         return True
 

@@ -321,7 +321,7 @@ def test_mtp_drafts_of_two_tokens_leave_the_first_three_tokens_exactly_the_targe
         assert p > 1e-3, p
 
 
-# --- conversations: a second turn, regenerate, edit-last ------------------------------------------------
+# --- conversations: a second turn, regenerate, an edit of the last message -----------------------------
 
 
 def answer(service: ChatService, messages: list[Message], guesser: str = "auto"):
@@ -352,8 +352,8 @@ def same_answer(path: Path, prompt: list[int], ours: tuple[int, ...], theirs: tu
 @pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
 def test_a_second_turn_regenerate_and_edit_give_what_a_fresh_process_gives(files, arch):
     """Through the conversation service, as the app and `serve` use it, with auto guessing (a flat curve):
-    the second turn reuses the cache, regenerate and edit-last come back to saved states, and each answer
-    equals a fresh model's plain one."""
+    the second turn reuses the cache, regenerate and an edit of the last message (each a branch in the app)
+    come back to saved states, and each answer equals a fresh model's plain one."""
     pair = load_pair(ModelChoice(target=files[arch], n_ctx=1024, threads=1))
     pair.costs.assume(FLAT)  # this machine's curve would have auto guess seldom
     service = ChatService(pair)

@@ -6,9 +6,9 @@ rewind the cache decodes one probe token, and its logits must be those of a fres
 same tokens and nothing else: to the bit where every way of batching those tokens gives the same logits on
 this machine, else within the largest difference between them (in one batch, one at a time, and in 16
 random schedules of 1 to 16 tokens, as prefills and verifications come), measured apart on fresh models.
-Two ways were not enough: on an Intel Xeon an edit-last left the hybrid 0.0044 from a fresh decode, where
-they had measured 0.0031 and the schedules measure 0.0047. Each plant below is a one-line bug that keeps
-every token list and counter plausible; the check must catch it.
+Two ways were not enough: on an Intel Xeon an edit of the last message left the hybrid 0.0044 from a fresh
+decode, where they had measured 0.0031 and the schedules measure 0.0047. Each plant below is a one-line bug
+that keeps every token list and counter plausible; the check must catch it.
 
 These models decode in milliseconds; none of this may run beside another process spinning llama.cpp's
 threads (it would only be slower).
@@ -77,7 +77,7 @@ def test_a_planted_rewind_bug_is_caught(models, monkeypatch, arch, plant):
     assert judge(model, fresh) != [], f"{plant.__name__} passed on {arch}"
 
 
-# --- a conversation: regenerate and edit-last come back without decoding again -------------------------
+# --- a conversation: regenerate and an edit of the last message come back without decoding again ------
 
 
 def turn(service: ChatService, messages: list[Message]) -> tuple[object, tuple[int, int]]:
@@ -103,7 +103,7 @@ def assert_fresh(session: Session, fresh: Model) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_regenerate_and_edit_last_restore_the_prompts_state(files, models, arch):
+def test_regenerate_and_an_edit_of_the_last_message_restore_the_prompts_state(files, models, arch):
     fresh = models[arch][1]
     pair = load_pair(ModelChoice(target=files[arch], n_ctx=1024, threads=1))
     pair.costs.assume(FLAT)  # auto guesses, so that rewinds happen inside the answers too

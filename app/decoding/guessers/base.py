@@ -1,7 +1,8 @@
 """The guesser interface: what every guesser proposes, and what it may hear back.
 
 A guesser returns the tokens it proposes and, if it sampled them, the distributions it sampled from;
-deterministic proposals (copies) return None, which the verifier treats as point masses.
+deterministic proposals (copies) return None, which the verifier treats as point masses. Auto may also
+propose several continuations at once as a tree (copies that part ways), verified in one target step.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ Allowed = Callable[[Sequence[int]], np.ndarray]
 @dataclass(frozen=True)
 class Proposal:
     tokens: list[int]
-    probs: np.ndarray | None  # (len(tokens), V) or None for deterministic proposals
+    probs: np.ndarray | None  # (len(tokens), V), or None for deterministic proposals and trees
     guesser: str = "none"  # which guesser made it: "none", "lookup", "history", "draft", "mtp", or auto's "tree"
     # Of the time the proposal took, what went into catching the draft's cache up with the tokens
     # committed since it last ran: a cost of the steps before, not of these guesses.
@@ -45,7 +46,8 @@ class Guesser(Protocol):
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
-        """Up to k tokens likely to follow context (which ends with the last committed token)."""
+        """Up to k tokens likely to follow context (which ends with the last committed token), or a tree of
+        such continuations."""
 
     def observe(self, drafted: int, accepted: int, span_s: float | None = None) -> None:
         """What the step made of the last proposal, for guessers that learn: how many of its tokens the

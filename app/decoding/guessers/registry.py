@@ -67,7 +67,8 @@ def _auto(inputs: Inputs) -> Guesser:
 # Every guesser by name, in the order the app cycles through them. A new guesser is its class and one
 # line here: the command line, the settings, Ctrl+G, the server and the loader all read this.
 REGISTRY: dict[str, Entry] = {
-    "auto": Entry("picks lookup, the draft or nothing at each step, by this machine's costs", _auto, costs=True),
+    "auto": Entry("picks a copy (lookup, history, or several as a tree), the draft or MTP, or nothing at each step, "
+                  "by this machine's costs", _auto, costs=True),
     "none": Entry("plain decoding", lambda inputs: NoGuesser()),
     "lookup": Entry("copies from earlier text (prompt lookup)", lambda inputs: LookupGuesser(), frozenset({"rewind"})),
     "draft": Entry("the draft model guesses", lambda inputs: DraftGuesser(inputs.draft),
