@@ -1,11 +1,11 @@
 """The chat screen: the conversation, the streaming answer, and speculation shown live.
 
 The screen draws; the conversation's store calls are a `ConversationController`'s, and so is the window's
-place in it (the selected message, the edit under way, the branches at them); the list of conversations is
-a `ConversationList`'s, the tools (F5, "always") a `ChatTools`'. It owns the chat's keys: while an
-answer streams (`busy`) the actions that would start another generation or leave the conversation are
-disabled through `check_action`, so the engine never runs two generations at once and the streaming
-answer is never lost; `disabled_reason` says why, for the command palette.
+place in it (the selected message, the edit under way, the branches at them); the messages are drawn by a
+`Transcript`, the list of conversations is a `ConversationList`'s, the tools (F5, "always") a `ChatTools`'. It
+owns the chat's keys: while an answer streams (`busy`) the actions that would start another generation or leave
+the conversation are disabled through `check_action`, so the engine never runs two generations at once and the
+streaming answer is never lost; `disabled_reason` says why, for the command palette.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.message import Message as TMessage
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static, TextArea
-from textual.widgets.markdown import MarkdownFence
 
 from specchat.decoding.events import ENGINE_FIGURES
 from specchat.errors import SpecchatError
@@ -39,7 +38,8 @@ from specchat.ui.keyline import KeyLine
 from specchat.ui.screens import ConfirmScreen, PromptScreen
 from specchat.ui.streaming import GenerationBatch, Pump
 from specchat.ui.tools import ChatTools
-from specchat.ui.widgets import MessageView, StatsPanel, ToolView, call_line, code_blocks
+from specchat.ui.transcript import Transcript
+from specchat.ui.widgets import MessageView, StatsPanel, ToolView, call_line
 
 if TYPE_CHECKING:
     from specchat.ui.app import SpecchatApp
@@ -140,10 +140,9 @@ class ChatScreen(Screen[None]):
         super().__init__()
         self.conversation: ConversationController | None = None
         self.cancel = threading.Event()
-        self.provenance = False
         self._thinking_noticed = False  # the thinking setting was said not to apply to this model
         self.attachments: list[tuple[Path, str]] = []  # files for the next message: (path, text)
-        self._code_cursor = -1  # which code block of the last answer F3 copied last
+        self.transcript = Transcript(self.status, id="chat")  # the conversation's messages, drawn
         self._answer: tuple[MessageView, list[str]] | None = None  # the streaming answer's view, its notices
         self.tools = ChatTools(self)  # F5, and the tools the user let run without asking
 
@@ -176,7 +175,7 @@ class ChatScreen(Screen[None]):
         with Horizontal():
             yield ConversationList(self.chat_app.store, id="sidebar")
             with Vertical(id="main"):
-                yield VerticalScroll(id="chat")
+                yield self.transcript
                 yield Static("", id="status")
                 yield ProgressBar(id="progress", show_eta=False)
                 yield ChatInput(id="input", placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: newline)")
@@ -185,7 +184,7 @@ class ChatScreen(Screen[None]):
         yield KeyLine()
 
     def on_mount(self) -> None:
-        self.query_one("#chat", VerticalScroll).anchor()
+        self.transcript.anchor()
         self.open(ConversationController.latest(self.chat_app.store))
         self.query_one("#input").focus()
 
@@ -203,20 +202,9 @@ class ChatScreen(Screen[None]):
         else:
             self.cancel_edit()  # an edit of the conversation left: what was typed before it comes back
         self.conversation = conversation
-        chat = self.query_one("#chat", VerticalScroll)
-        chat.remove_children()
-        calls: dict[str, str] = {}  # each call's line, by its id: what its result's view is titled with
-        for m in conversation.messages():
-            stats = m.stats or {}
-            calls.update((c["id"], call_line(c["name"], c["arguments"])) for c in m.tool_calls)
-            chat.mount(ToolView(m.content, calls.get(m.tool_call_id, "a tool"), stats.get("refused", False),
-                                stats.get("failed", False), (m.branch, m.branches)) if m.role == "tool" else
-                       MessageView(m.role, m.content, stats.get("summary", ""), m.status, m.thinking,
-                                   stats.get("thinking", ""), (m.branch, m.branches)))
-        if conversation.selected is None:
-            chat.scroll_end(animate=False)
-        else:
-            self.call_after_refresh(self._mark_selected)
+        self.transcript.show(conversation)
+        if conversation.selected is not None:
+            self.call_after_refresh(self.transcript.mark, conversation)  # once its views are laid out
         self.sub_title = f"answered by {conversation.server}" if conversation.server else ""
         self.show_context(None)
 
@@ -282,7 +270,7 @@ class ChatScreen(Screen[None]):
         if sent.draft is not None:  # an edit, a new branch: what followed the original is on another branch now
             self.open(self.conversation)
         else:
-            await self.query_one("#chat").mount(MessageView("user", sent.content))
+            await self.transcript.mount(MessageView("user", sent.content))
         await self.answer()
 
     async def answer(self) -> None:
@@ -305,12 +293,7 @@ class ChatScreen(Screen[None]):
         """A view for the next answer, and the answer stored before its first token."""
         app = self.chat_app
         assert self.conversation is not None and app.backend is not None
-        view = MessageView("assistant")
-        chat = self.query_one("#chat", VerticalScroll)
-        # Mounted before anything streams into it: the Markdown body's first (empty) render, run on
-        # mount, would otherwise land after the first blocks and show them twice.
-        await chat.mount(view)
-        chat.anchor()
+        view = await self.transcript.begin_answer()
         stored = self.conversation.begin_answer(app.backend.name, app.backend.server)
         view.branches = stored.branch, stored.branches
         view.relabel()
@@ -407,15 +390,16 @@ class ChatScreen(Screen[None]):
             if isinstance(event, ToolRan):
                 call, result, failed = event.call, event.result, event.result.error and not event.refused
                 self.conversation.add_tool_result(call.id, result.text, event.refused, failed)
-                await self.query_one("#chat").mount(ToolView(result.text, call_line(call.name, call.arguments),
-                                                             event.refused, failed))
+                await self.transcript.mount(ToolView(result.text, call_line(call.name, call.arguments),
+                                                     event.refused, failed))
             elif isinstance(event, RoundsSpent):
                 self.notify(f"The answer reached the bound of {event.rounds} rounds of tool calls: it answers "
                             "without tools now (Settings: tool rounds)", severity="warning", timeout=10)
         if batch.error is not None:
             self.chat_app.fail(batch.error)
         if batch.last:
-            self._answer, self._code_cursor = None, -1
+            self._answer = None
+            self.transcript.answer_ended()
             self.busy = False
 
     # --- actions --------------------------------------------------------------------------
@@ -456,22 +440,8 @@ class ChatScreen(Screen[None]):
 
     def action_select(self, step: int) -> None:
         """Move the selection up or down the messages: regenerate, edit and Alt+←/→ act on it."""
-        shown = len(self.query(MessageView))
-        if shown and self.conversation is not None:
-            self.conversation.select(step, shown)
-            self._mark_selected()
-
-    def _mark_selected(self) -> None:
-        views, selected = list(self.query(MessageView)), self.conversation.selected if self.conversation else None
-        for n, view in enumerate(views):
-            view.set_class(n == selected, "selected")
-        if selected is not None and selected < len(views):
-            view = views[selected]
-            view.scroll_visible()
-            self.status(f"selected: {'your message' if view.role == 'user' else 'an answer'} "
-                        f"{selected + 1} of {len(views)} · Ctrl+E edits, Ctrl+R regenerates, Alt+←/→ its branches")
-        else:
-            self.status("")
+        if self.conversation is not None:
+            self.transcript.select(self.conversation, step)
 
     def action_branch(self, step: int) -> None:
         """Show another branch at the selected message (else at the last message that has branches)."""
@@ -488,39 +458,11 @@ class ChatScreen(Screen[None]):
         self.open(self.conversation)
         self.status(f"branch {shown.branch} of {shown.branches} · Alt+←/→ moves between them")
 
-    def _last_answer(self) -> str | None:
-        last = self.conversation.last("assistant") if self.conversation is not None else None
-        return last.content if last is not None else None
-
     def action_copy_answer(self) -> None:
-        answer = self._last_answer()
-        if answer is not None:
-            self.app.copy_to_clipboard(answer)  # OSC 52: works over SSH too
-            self.notify("Answer copied to the clipboard")
+        self.transcript.copy_answer(self.conversation)
 
     def action_copy_code(self) -> None:
-        """Copy the next code block of the last answer (F3 again: the one after it)."""
-        answer = self._last_answer()
-        blocks = code_blocks(answer) if answer is not None else []
-        if not blocks:
-            self.notify("The last answer has no code block")
-            return
-        self._code_cursor = (self._code_cursor + 1) % len(blocks)
-        language, code = blocks[self._code_cursor]
-        self._copy_code(code, f"code block {self._code_cursor + 1} of {len(blocks)}" + (f" ({language})" if language else ""))
-
-    @on(events.Click)
-    def _clicked(self, event: events.Click) -> None:
-        """A click on a code block copies it."""
-        widget = event.widget
-        while widget is not None and not isinstance(widget, MarkdownFence):
-            widget = widget.parent if widget.parent is not self else None
-        if isinstance(widget, MarkdownFence):
-            self._copy_code(widget.code, "code block" + (f" ({widget.lexer})" if widget.lexer else ""))
-
-    def _copy_code(self, code: str, what: str) -> None:
-        self.app.copy_to_clipboard(code)
-        self.notify(f"Copied {what}: {len(code.splitlines())} lines")
+        self.transcript.copy_code(self.conversation)
 
     def action_attach(self) -> None:
         def done(path: str | None) -> None:
@@ -540,16 +482,10 @@ class ChatScreen(Screen[None]):
         self.app.push_screen(PromptScreen("Attach a file to the next message (path)", complete_paths=True), done)
 
     def action_toggle_provenance(self) -> None:
-        self.provenance = not self.provenance
-        for view in self.query(MessageView):
-            view.show_provenance(self.provenance)
-        self.status("provenance " + ("on: green accepted guess, red target correction, cyan bonus token"
-                                     if self.provenance else "off"))
+        self.transcript.toggle_provenance()
 
     def action_toggle_thinking(self) -> None:
-        """Fold or open the thinking of the latest answer that has some."""
-        if not any(view.toggle_thinking() for view in reversed(list(self.query(MessageView)))):
-            self.notify("No thinking to show: the answers here have none")
+        self.transcript.toggle_thinking()
 
     def action_cycle_thinking(self) -> None:
         """The thinking setting, round default, on and off (the next answer takes it)."""
