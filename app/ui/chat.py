@@ -1,11 +1,12 @@
 """The chat screen: the conversation, the streaming answer, and speculation shown live.
 
-The screen draws; the conversation's store calls are a `ConversationController`'s, and so is the window's
-place in it (the selected message, the edit under way, the branches at them); the messages are drawn by a
-`Transcript`, the list of conversations is a `ConversationList`'s, the tools (F5, "always") a `ChatTools`'. It
-owns the chat's keys: while an answer streams (`busy`) the actions that would start another generation or leave
-the conversation are disabled through `check_action`, so the engine never runs two generations at once and the
-streaming answer is never lost; `disabled_reason` says why, for the command palette.
+The screen lays the chat out, owns its keys and hands each to what does the work: the conversation's store calls
+are a `ConversationController`'s, and so is the window's place in it (the selected message, the edit under way,
+the branches at them); the messages are drawn by a `Transcript`, an answer is generated and drawn as it streams by
+`Answers`, the list of conversations is a `ConversationList`'s, the tools (F5, "always") a `ChatTools`'. While an
+answer streams (`busy`) the actions that would start another generation or leave the conversation are disabled
+through `check_action`, so the engine never runs two generations at once and the streaming answer is never lost;
+`disabled_reason` says why, for the command palette.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from textual import events, on, work
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -24,27 +25,21 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static, TextArea
 
-from specchat.decoding.events import ENGINE_FIGURES
 from specchat.errors import SpecchatError
-from specchat.llama.template import Message
-from specchat.mcptools.agent import RoundsSpent, ToolRan
 from specchat.service import choices
-from specchat.service.choices import generation
-from specchat.service.conversation import ConversationController, ToolChoice, thinking_line
+from specchat.service.conversation import ConversationController
 from specchat.service.documents import read_document
-from specchat.service.events import BackendEvent
+from specchat.ui.answers import Answers
 from specchat.ui.conversations import ConversationList
 from specchat.ui.keyline import KeyLine
 from specchat.ui.screens import ConfirmScreen, PromptScreen
-from specchat.ui.streaming import GenerationBatch, Pump
+from specchat.ui.streaming import GenerationBatch
 from specchat.ui.tools import ChatTools
 from specchat.ui.transcript import Transcript
-from specchat.ui.widgets import MessageView, StatsPanel, ToolView, call_line
+from specchat.ui.widgets import MessageView, StatsPanel
 
 if TYPE_CHECKING:
     from specchat.ui.app import SpecchatApp
-
-CONTEXT_WARNING = 0.8  # share of the context after which the meter warns that old turns will be left out
 
 
 def after(options: Sequence[str], current: str) -> str:
@@ -140,10 +135,9 @@ class ChatScreen(Screen[None]):
         super().__init__()
         self.conversation: ConversationController | None = None
         self.cancel = threading.Event()
-        self._thinking_noticed = False  # the thinking setting was said not to apply to this model
         self.attachments: list[tuple[Path, str]] = []  # files for the next message: (path, text)
         self.transcript = Transcript(self.status, id="chat")  # the conversation's messages, drawn
-        self._answer: tuple[MessageView, list[str]] | None = None  # the streaming answer's view, its notices
+        self.answers = Answers(self)  # generating an answer, drawing it as it streams, its figures
         self.tools = ChatTools(self)  # F5, and the tools the user let run without asking
 
     @property
@@ -206,7 +200,7 @@ class ChatScreen(Screen[None]):
         if conversation.selected is not None:
             self.call_after_refresh(self.transcript.mark, conversation)  # once its views are laid out
         self.sub_title = f"answered by {conversation.server}" if conversation.server else ""
-        self.show_context(None)
+        self.answers.show_context(None)
 
     @on(ConversationList.Chosen)
     def _chosen(self, event: ConversationList.Chosen) -> None:
@@ -221,26 +215,6 @@ class ChatScreen(Screen[None]):
 
     def action_search(self) -> None:
         self.query_one(ConversationList).focus_search()
-
-    # --- the context meter -------------------------------------------------------------------
-
-    def show_context(self, used: int | None) -> None:
-        """Tokens used out of the context: exact after an answer (its prompt plus the answer),
-        estimated from the messages' text when a conversation is opened."""
-        backend, meter = self.chat_app.backend, self.query_one("#context-meter", Static)
-        if backend is None or not self.chat_app.ready:
-            meter.update("")
-            return
-        estimated = used is None
-        if used is None:
-            used = self.conversation.estimated_tokens(self.chat_app.settings.system_prompt, backend.count_tokens) \
-                if self.conversation else 0
-        share = used / backend.n_ctx
-        text = f"context {'≈' if estimated else ''}{used:,} / {backend.n_ctx:,} tokens ({share:.0%})"
-        if share >= CONTEXT_WARNING:
-            text += ": the oldest turns will soon be left out (Ctrl+N starts a new chat; Settings sets the size)"
-        meter.update(text)
-        meter.set_class(share >= CONTEXT_WARNING, "warning")
 
     # --- chatting -------------------------------------------------------------------------
 
@@ -271,136 +245,13 @@ class ChatScreen(Screen[None]):
             self.open(self.conversation)
         else:
             await self.transcript.mount(MessageView("user", sent.content))
-        await self.answer()
-
-    async def answer(self) -> None:
-        app = self.chat_app
-        assert self.conversation is not None and app.backend is not None
-        self.busy = True
-        self.reset_stats()
-        server = app.backend.server
-        self.status(f"generating on {server}… (Esc stops)" if server else
-                    f"generating with {app.settings.guesser}… (Esc stops)")
-        messages = self.conversation.prompt_messages(app.settings.system_prompt)
-        marked = self.conversation.server
-        await self._begin_answer()
-        if server is not None and marked != server:  # the conversation says where its answers came from
-            self.sub_title = f"answered by {server}"
-            self.refresh_conversations()
-        self._generate(messages, self.think(), self.conversation.tools)
-
-    async def _begin_answer(self) -> None:
-        """A view for the next answer, and the answer stored before its first token."""
-        app = self.chat_app
-        assert self.conversation is not None and app.backend is not None
-        view = await self.transcript.begin_answer()
-        stored = self.conversation.begin_answer(app.backend.name, app.backend.server)
-        view.branches = stored.branch, stored.branches
-        view.relabel()
-        self._answer = (view, [])
-
-    @work(thread=True, group="generate")
-    def _generate(self, messages: list[Message], think: bool | None, tools: ToolChoice | None) -> None:
-        app, settings = self.chat_app, self.chat_app.settings
-        assert app.backend is not None
-        backend, config = app.backend, generation(settings)
-
-        def answer(conversation: Sequence[Message], offered: list[dict[str, Any]] | None,
-                   choice: str = "auto") -> Iterator[BackendEvent]:
-            return backend.chat(conversation, config, settings.guesser, self.cancel, think, offered, choice)
-
-        Pump(self).run(answer(messages, None) if tools is None else
-                       self.tools.answer(messages, tools, answer, settings.tool_rounds, self.cancel))
+        await self.answers.start()
 
     async def on_generation_batch(self, batch: GenerationBatch) -> None:
         try:
-            await self._show(batch)
+            await self.answers.show(batch)
         finally:
             batch.handled()
-
-    def reset_stats(self) -> None:
-        """Clear the panel for the next answer (or a new backend). A server runs the guesser it is asked
-        for, if it can; the panel says so."""
-        backend = self.chat_app.backend
-        if backend is None:
-            return
-        self.query_one(StatsPanel).reset(backend.name, backend.baseline(), self.guesser_label())
-
-    def think(self) -> bool | None:
-        """The thinking setting, where the model's template has a switch for it (elsewhere, the model's
-        own default: the setting is kept, and a notice says so once)."""
-        backend = self.chat_app.backend
-        think, instead = choices.thinking(None, self.chat_app.settings, backend.thinking_switch if backend else None)
-        if instead is not None and not self._thinking_noticed:
-            self._thinking_noticed = True
-            self.notify(instead, severity="warning", timeout=10)
-        return think
-
-    def guesser_label(self) -> str:
-        """The guesser setting as the backend takes it: what runs, or what a server is asked to run."""
-        backend, guesser = self.chat_app.backend, self.chat_app.settings.guesser
-        return f"{guesser} (asked)" if backend is not None and backend.guesser_asked else guesser
-
-    async def _show(self, batch: GenerationBatch) -> None:
-        assert self.conversation is not None
-        if self._answer is None and (batch.pieces or batch.done is not None):
-            await self._begin_answer()  # the answer after a round of tool calls
-        if self._answer is None:  # between answers: what the calls gave, or a failure before the next began
-            await self._show_calls(batch)
-            return
-        view, notices = self._answer
-        stats = self.query_one(StatsPanel)
-        if batch.prefill is not None:
-            stats.prefill(batch.prefill.seconds)
-        for text in batch.notices:
-            notices.append(text)
-            self.notify(text, severity="warning", timeout=10)
-        if batch.pieces:
-            stats.add(batch.pieces)
-            await view.append(batch.pieces)
-            self.conversation.stream(batch.text, batch.thinking)
-        if batch.last:
-            stats.flush()
-        if batch.done is not None:
-            done = batch.done
-            stats.finish(done)
-            # A stopped answer is kept, marked as such, so nothing the user saw is lost.
-            summary = self.conversation.finish(done, self.chat_app.settings.guesser, notices)
-            status = "stopped" if done.reason == "cancelled" else "complete"
-            await view.finish(done.text, summary, status, done.thinking,
-                              thinking_line(done) if done.thinking_tokens else "")
-            source = f"guesser {self.chat_app.settings.guesser}" if done.figures == ENGINE_FIGURES else \
-                f"figures: {done.figures}"
-            self.status(f"{'stopped' if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates" if batch.last
-                        else f"{len(done.calls)} tool call{'s' if len(done.calls) != 1 else ''}… (Esc stops)")
-            self.show_context(done.stats.n_prompt + done.stats.n_tokens)
-            self._answer = None
-        elif batch.error is not None:
-            # Whatever streamed before the failure stays, marked stopped; an empty answer goes.
-            if not self.conversation.fail():
-                await view.remove()
-                self.open(self.conversation)  # a failed regenerate: the branch it left shows again
-        await self._show_calls(batch)
-
-    async def _show_calls(self, batch: GenerationBatch) -> None:
-        """The tool calls that ran (each stored, and shown folded), and the end of the generation (or its failure,
-        said once whatever of the answer was kept)."""
-        assert self.conversation is not None
-        for event in batch.ran:
-            if isinstance(event, ToolRan):
-                call, result, failed = event.call, event.result, event.result.error and not event.refused
-                self.conversation.add_tool_result(call.id, result.text, event.refused, failed)
-                await self.transcript.mount(ToolView(result.text, call_line(call.name, call.arguments),
-                                                     event.refused, failed))
-            elif isinstance(event, RoundsSpent):
-                self.notify(f"The answer reached the bound of {event.rounds} rounds of tool calls: it answers "
-                            "without tools now (Settings: tool rounds)", severity="warning", timeout=10)
-        if batch.error is not None:
-            self.chat_app.fail(batch.error)
-        if batch.last:
-            self._answer = None
-            self.transcript.answer_ended()
-            self.busy = False
 
     # --- actions --------------------------------------------------------------------------
 
@@ -425,7 +276,7 @@ class ChatScreen(Screen[None]):
             return
         self.busy, self.cancel = True, threading.Event()
         self.open(self.conversation)
-        await self.answer()
+        await self.answers.start()
 
     def action_edit(self) -> None:
         """Put the selected message of yours (else the last) in the input: sent, it starts a new branch."""
@@ -492,7 +343,7 @@ class ChatScreen(Screen[None]):
         app = self.chat_app
         nxt = after(list(choices.THINKING), app.settings.thinking)
         app.apply_settings(replace(app.settings, thinking=nxt))
-        self._thinking_noticed = False
+        self.answers.thinking_noticed = False
         switch = app.backend.thinking_switch if app.backend is not None else None
         self.status(f"thinking {nxt}" + ("" if switch or nxt == "default" else
                                          " (this model's template has no switch: it does as it was trained)"))

@@ -2,7 +2,7 @@
 
 The transcript draws what the conversation's controller holds and acts on its views: the selected message
 marked, provenance and thinking shown or folded, an answer or its code blocks copied. Which message is selected,
-and every store call, are the controller's; when an answer starts and what streams into it, the screen's.
+and every store call, are the controller's; starting an answer and streaming it are `Answers`' (ui/answers.py).
 """
 
 from __future__ import annotations
