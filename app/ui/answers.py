@@ -21,6 +21,7 @@ from specchat.service import choices
 from specchat.service.choices import generation
 from specchat.service.conversation import ToolChoice, thinking_line
 from specchat.service.events import BackendEvent
+from specchat.ui.conversations import ConversationList
 from specchat.ui.streaming import GenerationBatch, Pump
 from specchat.ui.widgets import MessageView, StatsPanel, ToolView, call_line
 
@@ -52,7 +53,7 @@ class Answers:
         await self._begin()
         if server is not None and marked != server:  # the conversation says where its answers came from
             screen.sub_title = f"answered by {server}"
-            screen.refresh_conversations()
+            screen.query_one(ConversationList).refresh_list()
         screen.run_worker(partial(self._generate, messages, self.think(), screen.conversation.tools), thread=True,
                           group="generate")
 

@@ -187,9 +187,6 @@ class ChatScreen(Screen[None]):
 
     # --- conversations --------------------------------------------------------------------
 
-    def refresh_conversations(self) -> None:
-        self.query_one(ConversationList).refresh_list()
-
     def open(self, conversation: ConversationController) -> None:
         if self.conversation is not None and conversation.id == self.conversation.id:
             conversation.keep_place(self.conversation)  # opened again: the selection and an edit stay
@@ -238,7 +235,7 @@ class ChatScreen(Screen[None]):
         if sent.draft is not None:
             box.text = sent.draft  # what was being typed when the edit began
         if sent.first:
-            self.refresh_conversations()  # its first message named it
+            self.query_one(ConversationList).refresh_list()  # its first message named it
         self.attachments = []
         self.query_one(StatsPanel).attached([])
         if sent.draft is not None:  # an edit, a new branch: what followed the original is on another branch now
@@ -360,13 +357,13 @@ class ChatScreen(Screen[None]):
 
     def action_new_chat(self) -> None:
         self.open(ConversationController.new(self.chat_app.store))
-        self.refresh_conversations()
+        self.query_one(ConversationList).refresh_list()
 
     def action_rename(self) -> None:
         def done(title: str | None) -> None:
             if title and self.conversation is not None:
                 self.conversation.rename(title)
-                self.refresh_conversations()
+                self.query_one(ConversationList).refresh_list()
         self.app.push_screen(PromptScreen("Rename conversation"), done)
 
     def action_delete_chat(self) -> None:
@@ -376,7 +373,7 @@ class ChatScreen(Screen[None]):
         def done(yes: bool | None) -> None:
             if yes and self.conversation is not None:
                 self.open(self.conversation.delete())
-                self.refresh_conversations()
+                self.query_one(ConversationList).refresh_list()
         self.app.push_screen(ConfirmScreen("Delete this conversation? This cannot be undone."), done)
 
     def action_export(self) -> None:
