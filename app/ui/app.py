@@ -201,9 +201,9 @@ class SpecchatApp(App[None]):
             self.notify(warning, severity="warning", timeout=20)
         only = " · lookup and plain decoding only (see the notice)" if backend.warnings and backend.draft is None \
             else ""
-        self.chat.status(f"ready · guesser {self.chat.guesser_label()} · {backend.name}{only}")
-        self.chat.reset_stats()
-        self.chat.show_context(None)
+        self.chat.status(f"ready · guesser {self.chat.answers.guesser_label()} · {backend.name}{only}")
+        self.chat.answers.reset_stats()
+        self.chat.answers.show_context(None)
         self.chat.refresh_bindings()
         if self.rewrite_file is not None:
             path, self.rewrite_file = self.rewrite_file, None
@@ -241,7 +241,7 @@ class SpecchatApp(App[None]):
             self.notify(f"could not save the settings: {e.strerror or e}", severity="error", timeout=10)
         self.chat.status(f"guesser {settings.guesser}")
         if self.backend is not None and self.ready and not self.chat.busy:  # a streaming answer keeps its figures
-            self.chat.reset_stats()
+            self.chat.answers.reset_stats()
         if reload:
             self.load_backend()
 

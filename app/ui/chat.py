@@ -1,11 +1,12 @@
 """The chat screen: the conversation, the streaming answer, and speculation shown live.
 
-The screen draws; the conversation's store calls are a `ConversationController`'s, and so is the window's
-place in it (the selected message, the edit under way, the branches at them); the list of conversations is
-a `ConversationList`'s, the tools (F5, "always") a `ChatTools`'. It owns the chat's keys: while an
-answer streams (`busy`) the actions that would start another generation or leave the conversation are
-disabled through `check_action`, so the engine never runs two generations at once and the streaming
-answer is never lost; `disabled_reason` says why, for the command palette.
+The screen lays the chat out, owns its keys and hands each to what does the work: the conversation's store calls
+are a `ConversationController`'s, and so is the window's place in it (the selected message, the edit under way,
+the branches at them); the messages are drawn by a `Transcript`, an answer is generated and drawn as it streams by
+`Answers`, the list of conversations is a `ConversationList`'s, the tools (F5, "always") a `ChatTools`'. While an
+answer streams (`busy`) the actions that would start another generation or leave the conversation are disabled
+through `check_action`, so the engine never runs two generations at once and the streaming answer is never lost;
+`disabled_reason` says why, for the command palette.
 """
 
 from __future__ import annotations
@@ -13,38 +14,32 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from textual import events, on, work
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.message import Message as TMessage
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Header, ProgressBar, Static, TextArea
-from textual.widgets.markdown import MarkdownFence
 
-from specchat.decoding.events import ENGINE_FIGURES
 from specchat.errors import SpecchatError
-from specchat.llama.template import Message
-from specchat.mcptools.agent import RoundsSpent, ToolRan
 from specchat.service import choices
-from specchat.service.choices import generation
-from specchat.service.conversation import ConversationController, ToolChoice, thinking_line
+from specchat.service.conversation import ConversationController
 from specchat.service.documents import read_document
-from specchat.service.events import BackendEvent
+from specchat.ui.answers import Answers
 from specchat.ui.conversations import ConversationList
 from specchat.ui.keyline import KeyLine
 from specchat.ui.screens import ConfirmScreen, PromptScreen
-from specchat.ui.streaming import GenerationBatch, Pump
+from specchat.ui.streaming import GenerationBatch
 from specchat.ui.tools import ChatTools
-from specchat.ui.widgets import MessageView, StatsPanel, ToolView, call_line, code_blocks
+from specchat.ui.transcript import Transcript
+from specchat.ui.widgets import MessageView, StatsPanel
 
 if TYPE_CHECKING:
     from specchat.ui.app import SpecchatApp
-
-CONTEXT_WARNING = 0.8  # share of the context after which the meter warns that old turns will be left out
 
 
 def after(options: Sequence[str], current: str) -> str:
@@ -140,11 +135,9 @@ class ChatScreen(Screen[None]):
         super().__init__()
         self.conversation: ConversationController | None = None
         self.cancel = threading.Event()
-        self.provenance = False
-        self._thinking_noticed = False  # the thinking setting was said not to apply to this model
         self.attachments: list[tuple[Path, str]] = []  # files for the next message: (path, text)
-        self._code_cursor = -1  # which code block of the last answer F3 copied last
-        self._answer: tuple[MessageView, list[str]] | None = None  # the streaming answer's view, its notices
+        self.transcript = Transcript(self.status, id="chat")  # the conversation's messages, drawn
+        self.answers = Answers(self)  # generating an answer, drawing it as it streams, its figures
         self.tools = ChatTools(self)  # F5, and the tools the user let run without asking
 
     @property
@@ -176,7 +169,7 @@ class ChatScreen(Screen[None]):
         with Horizontal():
             yield ConversationList(self.chat_app.store, id="sidebar")
             with Vertical(id="main"):
-                yield VerticalScroll(id="chat")
+                yield self.transcript
                 yield Static("", id="status")
                 yield ProgressBar(id="progress", show_eta=False)
                 yield ChatInput(id="input", placeholder="Message (Enter sends, Shift+Enter or Ctrl+J: newline)")
@@ -185,7 +178,7 @@ class ChatScreen(Screen[None]):
         yield KeyLine()
 
     def on_mount(self) -> None:
-        self.query_one("#chat", VerticalScroll).anchor()
+        self.transcript.anchor()
         self.open(ConversationController.latest(self.chat_app.store))
         self.query_one("#input").focus()
 
@@ -194,31 +187,17 @@ class ChatScreen(Screen[None]):
 
     # --- conversations --------------------------------------------------------------------
 
-    def refresh_conversations(self) -> None:
-        self.query_one(ConversationList).refresh_list()
-
     def open(self, conversation: ConversationController) -> None:
         if self.conversation is not None and conversation.id == self.conversation.id:
             conversation.keep_place(self.conversation)  # opened again: the selection and an edit stay
         else:
             self.cancel_edit()  # an edit of the conversation left: what was typed before it comes back
         self.conversation = conversation
-        chat = self.query_one("#chat", VerticalScroll)
-        chat.remove_children()
-        calls: dict[str, str] = {}  # each call's line, by its id: what its result's view is titled with
-        for m in conversation.messages():
-            stats = m.stats or {}
-            calls.update((c["id"], call_line(c["name"], c["arguments"])) for c in m.tool_calls)
-            chat.mount(ToolView(m.content, calls.get(m.tool_call_id, "a tool"), stats.get("refused", False),
-                                stats.get("failed", False), (m.branch, m.branches)) if m.role == "tool" else
-                       MessageView(m.role, m.content, stats.get("summary", ""), m.status, m.thinking,
-                                   stats.get("thinking", ""), (m.branch, m.branches)))
-        if conversation.selected is None:
-            chat.scroll_end(animate=False)
-        else:
-            self.call_after_refresh(self._mark_selected)
+        self.transcript.show(conversation)
+        if conversation.selected is not None:
+            self.call_after_refresh(self.transcript.mark, conversation)  # once its views are laid out
         self.sub_title = f"answered by {conversation.server}" if conversation.server else ""
-        self.show_context(None)
+        self.answers.show_context(None)
 
     @on(ConversationList.Chosen)
     def _chosen(self, event: ConversationList.Chosen) -> None:
@@ -233,26 +212,6 @@ class ChatScreen(Screen[None]):
 
     def action_search(self) -> None:
         self.query_one(ConversationList).focus_search()
-
-    # --- the context meter -------------------------------------------------------------------
-
-    def show_context(self, used: int | None) -> None:
-        """Tokens used out of the context: exact after an answer (its prompt plus the answer),
-        estimated from the messages' text when a conversation is opened."""
-        backend, meter = self.chat_app.backend, self.query_one("#context-meter", Static)
-        if backend is None or not self.chat_app.ready:
-            meter.update("")
-            return
-        estimated = used is None
-        if used is None:
-            used = self.conversation.estimated_tokens(self.chat_app.settings.system_prompt, backend.count_tokens) \
-                if self.conversation else 0
-        share = used / backend.n_ctx
-        text = f"context {'≈' if estimated else ''}{used:,} / {backend.n_ctx:,} tokens ({share:.0%})"
-        if share >= CONTEXT_WARNING:
-            text += ": the oldest turns will soon be left out (Ctrl+N starts a new chat; Settings sets the size)"
-        meter.update(text)
-        meter.set_class(share >= CONTEXT_WARNING, "warning")
 
     # --- chatting -------------------------------------------------------------------------
 
@@ -276,147 +235,20 @@ class ChatScreen(Screen[None]):
         if sent.draft is not None:
             box.text = sent.draft  # what was being typed when the edit began
         if sent.first:
-            self.refresh_conversations()  # its first message named it
+            self.query_one(ConversationList).refresh_list()  # its first message named it
         self.attachments = []
         self.query_one(StatsPanel).attached([])
         if sent.draft is not None:  # an edit, a new branch: what followed the original is on another branch now
             self.open(self.conversation)
         else:
-            await self.query_one("#chat").mount(MessageView("user", sent.content))
-        await self.answer()
-
-    async def answer(self) -> None:
-        app = self.chat_app
-        assert self.conversation is not None and app.backend is not None
-        self.busy = True
-        self.reset_stats()
-        server = app.backend.server
-        self.status(f"generating on {server}… (Esc stops)" if server else
-                    f"generating with {app.settings.guesser}… (Esc stops)")
-        messages = self.conversation.prompt_messages(app.settings.system_prompt)
-        marked = self.conversation.server
-        await self._begin_answer()
-        if server is not None and marked != server:  # the conversation says where its answers came from
-            self.sub_title = f"answered by {server}"
-            self.refresh_conversations()
-        self._generate(messages, self.think(), self.conversation.tools)
-
-    async def _begin_answer(self) -> None:
-        """A view for the next answer, and the answer stored before its first token."""
-        app = self.chat_app
-        assert self.conversation is not None and app.backend is not None
-        view = MessageView("assistant")
-        chat = self.query_one("#chat", VerticalScroll)
-        # Mounted before anything streams into it: the Markdown body's first (empty) render, run on
-        # mount, would otherwise land after the first blocks and show them twice.
-        await chat.mount(view)
-        chat.anchor()
-        stored = self.conversation.begin_answer(app.backend.name, app.backend.server)
-        view.branches = stored.branch, stored.branches
-        view.relabel()
-        self._answer = (view, [])
-
-    @work(thread=True, group="generate")
-    def _generate(self, messages: list[Message], think: bool | None, tools: ToolChoice | None) -> None:
-        app, settings = self.chat_app, self.chat_app.settings
-        assert app.backend is not None
-        backend, config = app.backend, generation(settings)
-
-        def answer(conversation: Sequence[Message], offered: list[dict[str, Any]] | None,
-                   choice: str = "auto") -> Iterator[BackendEvent]:
-            return backend.chat(conversation, config, settings.guesser, self.cancel, think, offered, choice)
-
-        Pump(self).run(answer(messages, None) if tools is None else
-                       self.tools.answer(messages, tools, answer, settings.tool_rounds, self.cancel))
+            await self.transcript.mount(MessageView("user", sent.content))
+        await self.answers.start()
 
     async def on_generation_batch(self, batch: GenerationBatch) -> None:
         try:
-            await self._show(batch)
+            await self.answers.show(batch)
         finally:
             batch.handled()
-
-    def reset_stats(self) -> None:
-        """Clear the panel for the next answer (or a new backend). A server runs the guesser it is asked
-        for, if it can; the panel says so."""
-        backend = self.chat_app.backend
-        if backend is None:
-            return
-        self.query_one(StatsPanel).reset(backend.name, backend.baseline(), self.guesser_label())
-
-    def think(self) -> bool | None:
-        """The thinking setting, where the model's template has a switch for it (elsewhere, the model's
-        own default: the setting is kept, and a notice says so once)."""
-        backend = self.chat_app.backend
-        think, instead = choices.thinking(None, self.chat_app.settings, backend.thinking_switch if backend else None)
-        if instead is not None and not self._thinking_noticed:
-            self._thinking_noticed = True
-            self.notify(instead, severity="warning", timeout=10)
-        return think
-
-    def guesser_label(self) -> str:
-        """The guesser setting as the backend takes it: what runs, or what a server is asked to run."""
-        backend, guesser = self.chat_app.backend, self.chat_app.settings.guesser
-        return f"{guesser} (asked)" if backend is not None and backend.guesser_asked else guesser
-
-    async def _show(self, batch: GenerationBatch) -> None:
-        assert self.conversation is not None
-        if self._answer is None and (batch.pieces or batch.done is not None):
-            await self._begin_answer()  # the answer after a round of tool calls
-        if self._answer is None:  # between answers: what the calls gave, or a failure before the next began
-            await self._show_calls(batch)
-            return
-        view, notices = self._answer
-        stats = self.query_one(StatsPanel)
-        if batch.prefill is not None:
-            stats.prefill(batch.prefill.seconds)
-        for text in batch.notices:
-            notices.append(text)
-            self.notify(text, severity="warning", timeout=10)
-        if batch.pieces:
-            stats.add(batch.pieces)
-            await view.append(batch.pieces)
-            self.conversation.stream(batch.text, batch.thinking)
-        if batch.last:
-            stats.flush()
-        if batch.done is not None:
-            done = batch.done
-            stats.finish(done)
-            # A stopped answer is kept, marked as such, so nothing the user saw is lost.
-            summary = self.conversation.finish(done, self.chat_app.settings.guesser, notices)
-            status = "stopped" if done.reason == "cancelled" else "complete"
-            await view.finish(done.text, summary, status, done.thinking,
-                              thinking_line(done) if done.thinking_tokens else "")
-            source = f"guesser {self.chat_app.settings.guesser}" if done.figures == ENGINE_FIGURES else \
-                f"figures: {done.figures}"
-            self.status(f"{'stopped' if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates" if batch.last
-                        else f"{len(done.calls)} tool call{'s' if len(done.calls) != 1 else ''}… (Esc stops)")
-            self.show_context(done.stats.n_prompt + done.stats.n_tokens)
-            self._answer = None
-        elif batch.error is not None:
-            # Whatever streamed before the failure stays, marked stopped; an empty answer goes.
-            if not self.conversation.fail():
-                await view.remove()
-                self.open(self.conversation)  # a failed regenerate: the branch it left shows again
-        await self._show_calls(batch)
-
-    async def _show_calls(self, batch: GenerationBatch) -> None:
-        """The tool calls that ran (each stored, and shown folded), and the end of the generation (or its failure,
-        said once whatever of the answer was kept)."""
-        assert self.conversation is not None
-        for event in batch.ran:
-            if isinstance(event, ToolRan):
-                call, result, failed = event.call, event.result, event.result.error and not event.refused
-                self.conversation.add_tool_result(call.id, result.text, event.refused, failed)
-                await self.query_one("#chat").mount(ToolView(result.text, call_line(call.name, call.arguments),
-                                                             event.refused, failed))
-            elif isinstance(event, RoundsSpent):
-                self.notify(f"The answer reached the bound of {event.rounds} rounds of tool calls: it answers "
-                            "without tools now (Settings: tool rounds)", severity="warning", timeout=10)
-        if batch.error is not None:
-            self.chat_app.fail(batch.error)
-        if batch.last:
-            self._answer, self._code_cursor = None, -1
-            self.busy = False
 
     # --- actions --------------------------------------------------------------------------
 
@@ -441,7 +273,7 @@ class ChatScreen(Screen[None]):
             return
         self.busy, self.cancel = True, threading.Event()
         self.open(self.conversation)
-        await self.answer()
+        await self.answers.start()
 
     def action_edit(self) -> None:
         """Put the selected message of yours (else the last) in the input: sent, it starts a new branch."""
@@ -456,22 +288,8 @@ class ChatScreen(Screen[None]):
 
     def action_select(self, step: int) -> None:
         """Move the selection up or down the messages: regenerate, edit and Alt+←/→ act on it."""
-        shown = len(self.query(MessageView))
-        if shown and self.conversation is not None:
-            self.conversation.select(step, shown)
-            self._mark_selected()
-
-    def _mark_selected(self) -> None:
-        views, selected = list(self.query(MessageView)), self.conversation.selected if self.conversation else None
-        for n, view in enumerate(views):
-            view.set_class(n == selected, "selected")
-        if selected is not None and selected < len(views):
-            view = views[selected]
-            view.scroll_visible()
-            self.status(f"selected: {'your message' if view.role == 'user' else 'an answer'} "
-                        f"{selected + 1} of {len(views)} · Ctrl+E edits, Ctrl+R regenerates, Alt+←/→ its branches")
-        else:
-            self.status("")
+        if self.conversation is not None:
+            self.transcript.select(self.conversation, step)
 
     def action_branch(self, step: int) -> None:
         """Show another branch at the selected message (else at the last message that has branches)."""
@@ -488,39 +306,11 @@ class ChatScreen(Screen[None]):
         self.open(self.conversation)
         self.status(f"branch {shown.branch} of {shown.branches} · Alt+←/→ moves between them")
 
-    def _last_answer(self) -> str | None:
-        last = self.conversation.last("assistant") if self.conversation is not None else None
-        return last.content if last is not None else None
-
     def action_copy_answer(self) -> None:
-        answer = self._last_answer()
-        if answer is not None:
-            self.app.copy_to_clipboard(answer)  # OSC 52: works over SSH too
-            self.notify("Answer copied to the clipboard")
+        self.transcript.copy_answer(self.conversation)
 
     def action_copy_code(self) -> None:
-        """Copy the next code block of the last answer (F3 again: the one after it)."""
-        answer = self._last_answer()
-        blocks = code_blocks(answer) if answer is not None else []
-        if not blocks:
-            self.notify("The last answer has no code block")
-            return
-        self._code_cursor = (self._code_cursor + 1) % len(blocks)
-        language, code = blocks[self._code_cursor]
-        self._copy_code(code, f"code block {self._code_cursor + 1} of {len(blocks)}" + (f" ({language})" if language else ""))
-
-    @on(events.Click)
-    def _clicked(self, event: events.Click) -> None:
-        """A click on a code block copies it."""
-        widget = event.widget
-        while widget is not None and not isinstance(widget, MarkdownFence):
-            widget = widget.parent if widget.parent is not self else None
-        if isinstance(widget, MarkdownFence):
-            self._copy_code(widget.code, "code block" + (f" ({widget.lexer})" if widget.lexer else ""))
-
-    def _copy_code(self, code: str, what: str) -> None:
-        self.app.copy_to_clipboard(code)
-        self.notify(f"Copied {what}: {len(code.splitlines())} lines")
+        self.transcript.copy_code(self.conversation)
 
     def action_attach(self) -> None:
         def done(path: str | None) -> None:
@@ -540,23 +330,17 @@ class ChatScreen(Screen[None]):
         self.app.push_screen(PromptScreen("Attach a file to the next message (path)", complete_paths=True), done)
 
     def action_toggle_provenance(self) -> None:
-        self.provenance = not self.provenance
-        for view in self.query(MessageView):
-            view.show_provenance(self.provenance)
-        self.status("provenance " + ("on: green accepted guess, red target correction, cyan bonus token"
-                                     if self.provenance else "off"))
+        self.transcript.toggle_provenance()
 
     def action_toggle_thinking(self) -> None:
-        """Fold or open the thinking of the latest answer that has some."""
-        if not any(view.toggle_thinking() for view in reversed(list(self.query(MessageView)))):
-            self.notify("No thinking to show: the answers here have none")
+        self.transcript.toggle_thinking()
 
     def action_cycle_thinking(self) -> None:
         """The thinking setting, round default, on and off (the next answer takes it)."""
         app = self.chat_app
         nxt = after(list(choices.THINKING), app.settings.thinking)
         app.apply_settings(replace(app.settings, thinking=nxt))
-        self._thinking_noticed = False
+        self.answers.thinking_noticed = False
         switch = app.backend.thinking_switch if app.backend is not None else None
         self.status(f"thinking {nxt}" + ("" if switch or nxt == "default" else
                                          " (this model's template has no switch: it does as it was trained)"))
@@ -573,13 +357,13 @@ class ChatScreen(Screen[None]):
 
     def action_new_chat(self) -> None:
         self.open(ConversationController.new(self.chat_app.store))
-        self.refresh_conversations()
+        self.query_one(ConversationList).refresh_list()
 
     def action_rename(self) -> None:
         def done(title: str | None) -> None:
             if title and self.conversation is not None:
                 self.conversation.rename(title)
-                self.refresh_conversations()
+                self.query_one(ConversationList).refresh_list()
         self.app.push_screen(PromptScreen("Rename conversation"), done)
 
     def action_delete_chat(self) -> None:
@@ -589,7 +373,7 @@ class ChatScreen(Screen[None]):
         def done(yes: bool | None) -> None:
             if yes and self.conversation is not None:
                 self.open(self.conversation.delete())
-                self.refresh_conversations()
+                self.query_one(ConversationList).refresh_list()
         self.app.push_screen(ConfirmScreen("Delete this conversation? This cannot be undone."), done)
 
     def action_export(self) -> None:

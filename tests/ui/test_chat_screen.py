@@ -23,6 +23,7 @@ from specchat.service.reasoning import Reasoning
 from specchat.service.settings import load_settings
 from specchat.service.thinking import ThinkingSplit
 from specchat.store.conversations import Store
+from specchat.ui.answers import Answers
 from specchat.ui.app import SpecchatApp
 from specchat.ui.chat import ChatInput, ChatScreen, after
 from specchat.ui.conversations import ConversationList, ConversationSearch
@@ -242,10 +243,10 @@ async def test_an_answer_that_streams_before_its_body_is_ready_shows_each_block_
     # the first blocks showed twice (about one answer in three, by chance). Made certain here: if a
     # generation is already under way when the answer's body mounts, that first render is held until
     # the whole answer has reached the view. A generation started only once its view is mounted (as
-    # ChatScreen.answer does now) is never held.
+    # Answers.start does now) is never held.
     started, full = [], asyncio.Event()
-    generate = ChatScreen._generate
-    monkeypatch.setattr(ChatScreen, "_generate",
+    generate = Answers._generate
+    monkeypatch.setattr(Answers, "_generate",
                         lambda self, *args: (started.append(True), generate(self, *args)))
     append = MessageView.append
 
