@@ -10,17 +10,19 @@ from specchat.decoding.guessers.base import Allowed, BaseGuesser, Proposal
 from specchat.decoding.guessers.sources import Copy, Offer, Passage, SentTree, as_tree, branches
 from specchat.decoding.policy import (
     PRIORS,
-    START_STEPS,
     Acceptance,
     Clock,
     CostCurve,
     LossAccount,
     MatchAcceptance,
     Priors,
-    best_k,
+    best_drafter,
     best_length,
+    estimates,
     keep_drafting,
-    tree_rate,
+    settle_step,
+    step_allowance,
+    tree_beats,
 )
 from specchat.decoding.sampling import SamplingConfig
 
@@ -95,11 +97,7 @@ class AutoGuesser(BaseGuesser):
 
     def _estimates_for(self, greedy: bool) -> tuple[dict[str, MatchAcceptance], dict[str, Acceptance]]:
         if greedy not in self._estimates:
-            p = self.priors[greedy]
-            self._estimates[greedy] = (
-                {"far": MatchAcceptance(priors=p), "near": MatchAcceptance(p.near, p),
-                 "substitute": MatchAcceptance(p.near, p)},
-                {name: Acceptance(p.weight * p.drafter, p.weight, p.decay) for name in self.drafters})
+            self._estimates[greedy] = estimates(self.priors[greedy], self.drafters)
         return self._estimates[greedy]
 
     def _acceptance(self, copy: Copy) -> MatchAcceptance:
@@ -148,10 +146,7 @@ class AutoGuesser(BaseGuesser):
         self.lookup_acceptance, self.drafter_acceptance = self._estimates_for(sampling.greedy)
         self._settle_unsent(context)
         best = 1.0 / float(self.curve.verify(1))  # a plain step
-        # What this step may lose at worst: the account is in seconds by the clock (under a seed, by the
-        # curve), and the curve prices a worst case in its own, so by the ratio between.
-        ratio = self.clock.ratio if self._timed else 1.0
-        allow = self.account.allowance(ratio * self.opening_s()) / ratio
+        allow = step_allowance(self.account, self.curve, self.clock.ratio if self._timed else 1.0)
         choice = Proposal.empty()
         found: list[tuple[Copy, list[int]]] = []  # every copy found: those not sent are judged next step
         offers: list[Offer] = []  # those worth sending on their own, in the order found
@@ -163,11 +158,8 @@ class AutoGuesser(BaseGuesser):
                 best, choice, self._last = rate, Proposal(offer[1], None, copy.source), copy
         if self.tree_branches > 1 and offers:
             best, choice = self._tree_of(context, offers, k, best, allow) or (best, choice)
-        drafter = None
-        for name in self.drafters if k > 0 else ():
-            n, rate = best_k(self.drafter_acceptance[name].alpha, k, self.curve, self.curve.token_s(name), allow)
-            if n and rate > best:
-                best, drafter = rate, (name, n)
+        alphas = {name: estimate.alpha for name, estimate in self.drafter_acceptance.items()}
+        drafter = best_drafter(alphas, k, self.curve, allow, best)
         if drafter is not None:
             self._last, self._tree = drafter[0], None
         if self._since_plain >= PLAIN_EVERY:  # what plain decoding costs now is measured, not assumed
@@ -187,8 +179,8 @@ class AutoGuesser(BaseGuesser):
             offer, _ = self._offer(other, [int(t) for t in context[other.start:other.start + k]], allow)
             offers = [*offers, offer] if offer[1] else offers
         sent = branches(offers, self.tree_branches)
-        rate = tree_rate([alphas for _, _, alphas in sent], self.curve, allow) if len(sent) > 1 else -np.inf
-        if rate <= best:
+        rate = tree_beats([alphas for _, _, alphas in sent], self.curve, allow, best)
+        if rate is None:
             return None
         self._tree, self._last = SentTree(len(context), tuple((copy, t[0], len(t)) for copy, t, _ in sent)), "tree"
         tree = as_tree([tokens for _, tokens, _ in sent])
@@ -214,23 +206,12 @@ class AutoGuesser(BaseGuesser):
             if n:
                 self._acceptance(copy).observe(copy.m, n, next((j for j in range(n) if found[j] != committed[j]), n))
 
-    def opening_s(self) -> float:
-        """The room an answer's account opens with, in the curve's terms: START_STEPS plain steps, or one
-        wrong single guess where that costs more, so that guessing can begin."""
-        return max(START_STEPS * float(self.curve.verify(1)), float(self.curve.worst_loss(1, 0.0)[1]))
-
     def observe(self, drafted: int, accepted: int, span_s: float | None = None) -> None:
         # The curve is the service's to keep current (from every step, whoever guessed): auto keeps its
         # account and learns acceptance here.
         name = self._last if isinstance(self._last, str) and self._last in self.drafters else None
-        plain_s = float(self.curve.verify(1))
-        seconds = self.curve.spent_s(drafted, accepted, 0.0 if name is None else drafted * self.curve.token_s(name))
-        if self._timed and span_s is not None:  # by the clock; a plain step is plain decoding: it settles even
-            if not drafted:
-                self.clock.plain(span_s, plain_s)
-            plain_s *= self.clock.ratio
-            seconds = span_s if drafted else plain_s
-        self.account.settle(accepted + 1, seconds, plain_s)
+        draft_s = 0.0 if name is None else drafted * self.curve.token_s(name)
+        settle_step(self.account, self.clock, self.curve, drafted, accepted, draft_s, span_s if self._timed else None)
         self._since_plain = 0 if not drafted else self._since_plain + 1
         self._learn(drafted, accepted)
 
