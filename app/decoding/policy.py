@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -134,6 +134,26 @@ def tree_rate(branches: Sequence[np.ndarray], cost: CostCurve, max_loss: float =
     return tree_tokens(branches) / float(cost.verify(1 + nodes))
 
 
+def best_drafter(alphas: Mapping[str, float], k_max: int, cost: CostCurve, max_loss: float,
+                 best: float) -> tuple[str, int, float] | None:
+    """Of the drafting models (by name, each with its per-token acceptance), the one whose best number of
+    guesses makes the highest rate (of equals, the first), if that beats `best`, the best other choice's:
+    its name, that number and that rate. None where none beats it."""
+    choice = None
+    for name, alpha in alphas.items():
+        n, rate = best_k(alpha, k_max, cost, cost.token_s(name), max_loss)
+        if n and rate > best:
+            best, choice = rate, (name, n, rate)
+    return choice
+
+
+def tree_beats(branches: Sequence[np.ndarray], cost: CostCurve, max_loss: float, best: float) -> float | None:
+    """The rate of verifying these branches as one tree (see tree_rate), where there are two or more and it
+    beats `best`, the best single guess's; else None."""
+    rate = tree_rate(branches, cost, max_loss) if len(branches) > 1 else -np.inf
+    return rate if rate > best else None
+
+
 def keep_drafting(confidences: list[float], cost: CostCurve, draft_s: float | None = None) -> bool:
     """After drafting len(confidences) tokens whose draft probabilities were `confidences`: is
     one more worth its cost? The draft's own probability is a free estimate of acceptance, so
@@ -190,6 +210,14 @@ class Priors:
     decay: float = 0.98  # how fast old evidence fades (the text changes)
 
 
+def estimates(priors: Priors, drafters: Iterable[str]) -> tuple[dict[str, MatchAcceptance], dict[str, Acceptance]]:
+    """Fresh estimates on these priors: for copies from the context, one per kind of match ("far", "near",
+    "substitute"; the last two at least `near`), and one per drafting model."""
+    p = priors
+    lookup = {"far": MatchAcceptance(priors=p), "near": MatchAcceptance(p.near, p), "substitute": MatchAcceptance(p.near, p)}
+    return lookup, {name: Acceptance(p.weight * p.drafter, p.weight, p.decay) for name in drafters}
+
+
 # By greedy; Priors() are the hand-set values they replace. `bench/corpus fit` on the fit fold (70 greedy
 # and 70 sampled answers, three cost curves) printed these.
 PRIORS = {True: Priors(match=(0.1, 0.4, 0.4, 0.9, 0.9, 0.9, 0.9, 0.9), near=0.6, weight=8.0, drafter=0.8, decay=0.995),
@@ -241,6 +269,12 @@ LOSS_BUDGET = 0.02
 START_STEPS = 20 * (0.05 - LOSS_BUDGET)
 
 
+def opening_s(cost: CostCurve) -> float:
+    """The room an answer's account opens with, in the curve's terms: START_STEPS plain steps, or one
+    wrong single guess where that costs more, so that guessing can begin."""
+    return max(START_STEPS * float(cost.verify(1)), float(cost.worst_loss(1, 0.0)[1]))
+
+
 @dataclass
 class LossAccount:
     """Seconds that guessing has gained over plain decoding (negative: lost), for one answer and for the
@@ -290,3 +324,25 @@ class Clock:
     @property
     def ratio(self) -> float:
         return float(np.median(self._ratios)) if self._ratios else 1.0
+
+
+def step_allowance(account: LossAccount, cost: CostCurve, ratio: float) -> float:
+    """What the next step may lose at worst, in the curve's terms: the account is in seconds by the clock
+    (under a seed, by the curve: `ratio` 1), and the curve prices a worst case in its own, so by the ratio
+    between (the clock's)."""
+    return account.allowance(ratio * opening_s(cost)) / ratio
+
+
+def settle_step(account: LossAccount, clock: Clock, cost: CostCurve, drafted: int, accepted: int, draft_s: float,
+                span_s: float | None) -> None:
+    """A step that sent `drafted` guesses (drafting them took draft_s) and kept `accepted`, settled in the
+    account: by the clock where its span is known (a plain step is plain decoding: it settles even, and
+    times the clock), else by the curve."""
+    plain_s = float(cost.verify(1))
+    seconds = cost.spent_s(drafted, accepted, draft_s)
+    if span_s is not None:
+        if not drafted:
+            clock.plain(span_s, plain_s)
+        plain_s *= clock.ratio
+        seconds = span_s if drafted else plain_s
+    account.settle(accepted + 1, seconds, plain_s)

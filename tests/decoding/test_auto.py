@@ -18,6 +18,7 @@ from specchat.decoding.policy import (
     best_length,
     expected_tokens,
     keep_drafting,
+    opening_s,
     tree_rate,
     tree_tokens,
 )
@@ -279,7 +280,7 @@ def test_the_loss_budget_holds_auto_near_plain_whatever_its_priors(monkeypatch, 
     plain = float(curve.verify(1)) * len(answer.answer)
     auto = auto_for(answer, curve)
     # At worst the budget's share of the answer's plain time is lost, and the room it opens with.
-    floor = plain / (plain + LOSS_BUDGET * plain + auto.opening_s())
+    floor = plain / (plain + LOSS_BUDGET * plain + opening_s(curve))
     seconds, _ = replay(answer, curve, auto)
     assert plain / seconds >= floor - 1e-9
     assert auto.account.gained < 0  # it did guess, and lost: the floor is the budget's, not plain decoding's
@@ -325,7 +326,7 @@ def test_the_budget_holds_by_the_clock_where_guessing_costs_more_than_the_curve_
     answer, slower, extra = _adversarial(), 1.3, float(curve.verify(1)) / 3
     plain = slower * float(curve.verify(1)) * len(answer.answer)
     auto = auto_for(answer, curve)
-    floor = plain / (plain + LOSS_BUDGET * plain + slower * auto.opening_s())
+    floor = plain / (plain + LOSS_BUDGET * plain + slower * opening_s(curve))
     seconds = _timed_replay(answer, curve, auto, slower, extra)
     assert auto.account.gained < 0 < auto.account.plain  # it guessed, and lost
     assert plain / seconds >= floor - 1e-9

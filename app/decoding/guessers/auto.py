@@ -2,25 +2,38 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from specchat.decoding.guessers.base import Allowed, BaseGuesser, Proposal
-from specchat.decoding.guessers.sources import Copy, Offer, Passage, SentTree, as_tree, branches
+from specchat.decoding.guessers.sources import (
+    Copy,
+    Found,
+    Offer,
+    Passage,
+    SentTree,
+    Unsent,
+    as_tree,
+    branches,
+    copied,
+    copies,
+)
 from specchat.decoding.policy import (
     PRIORS,
-    START_STEPS,
     Acceptance,
     Clock,
     CostCurve,
     LossAccount,
     MatchAcceptance,
     Priors,
-    best_k,
+    best_drafter,
     best_length,
+    estimates,
     keep_drafting,
-    tree_rate,
+    settle_step,
+    step_allowance,
+    tree_beats,
 )
 from specchat.decoding.sampling import SamplingConfig
 
@@ -79,9 +92,7 @@ class AutoGuesser(BaseGuesser):
         self._sampling = SamplingConfig()
         self._tree: SentTree | None = None  # the last step's tree, and what the step kept of it
         self._tree_accepted = 0
-        # Copies found but not sent, and where the context ended then: the next step's context shows whether
-        # they would have held, evidence that costs nothing (see _settle_unsent).
-        self._unsent: tuple[int, list[tuple[Copy, list[int]]]] = (0, [])
+        self._unsent = Unsent()  # copies found but not sent: the next step's context judges them
         # What guessing has gained or lost against plain decoding: no guess may risk more than it allows.
         # Steps are settled at their time by the clock, against plain steps timed alike (`clock`); under a
         # seed by the curve, so that the same choices, and so the same text, come again.
@@ -95,11 +106,7 @@ class AutoGuesser(BaseGuesser):
 
     def _estimates_for(self, greedy: bool) -> tuple[dict[str, MatchAcceptance], dict[str, Acceptance]]:
         if greedy not in self._estimates:
-            p = self.priors[greedy]
-            self._estimates[greedy] = (
-                {"far": MatchAcceptance(priors=p), "near": MatchAcceptance(p.near, p),
-                 "substitute": MatchAcceptance(p.near, p)},
-                {name: Acceptance(p.weight * p.drafter, p.weight, p.decay) for name in self.drafters})
+            self._estimates[greedy] = estimates(self.priors[greedy], self.drafters)
         return self._estimates[greedy]
 
     def _acceptance(self, copy: Copy) -> MatchAcceptance:
@@ -118,28 +125,16 @@ class AutoGuesser(BaseGuesser):
     def prepare(self, context: Sequence[int]) -> None:
         self.passage.restart()
         self._tree = None  # a tree that ended the last one: which branch held is not in this context
-        self._unsent = (0, [])
+        self._unsent = Unsent()
         self.account.start()
         for drafter in self.drafters.values():
             drafter.prepare(context)
 
-    def _copies(self, context: Sequence[int], k: int) -> Iterator[tuple[Copy, list[int]]]:
-        """Every place to copy from, and what it would guess: the context's own text first (of two copies
-        with one first token, a tree keeps the first), then the history."""
-        if k <= 0:
-            return
-        copy = self.passage.find(context)
-        if copy is not None:
-            yield copy, [int(t) for t in context[copy.start:copy.start + k]]
-        if self.history is not None:
-            found, m = self.history.propose(context, k)
-            yield Copy("history", 0, "history", m), found
-
-    def _offer(self, copy: Copy, found: list[int], allow: float) -> tuple[Offer, float]:
+    def _offer(self, found: Found, allow: float) -> Offer:
         """The copy cut to its best length (no tokens: none pays), and the rate it would make."""
-        alphas = self._acceptance(copy).alphas(copy.m, len(found))
+        alphas = self._acceptance(found.copy).alphas(found.copy.m, len(found.tokens))
         n, rate = best_length(alphas, self.curve, 0.0, allow)
-        return (copy, found[:n], alphas[:n]), rate
+        return Offer(found.copy, found.tokens[:n], alphas[:n], rate)
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
@@ -147,33 +142,24 @@ class AutoGuesser(BaseGuesser):
         self._last, self._sampling, self._timed = "none", sampling, sampling.seed is None
         self.lookup_acceptance, self.drafter_acceptance = self._estimates_for(sampling.greedy)
         self._settle_unsent(context)
-        best = 1.0 / float(self.curve.verify(1))  # a plain step
-        # What this step may lose at worst: the account is in seconds by the clock (under a seed, by the
-        # curve), and the curve prices a worst case in its own, so by the ratio between.
-        ratio = self.clock.ratio if self._timed else 1.0
-        allow = self.account.allowance(ratio * self.opening_s()) / ratio
-        choice = Proposal.empty()
-        found: list[tuple[Copy, list[int]]] = []  # every copy found: those not sent are judged next step
-        offers: list[Offer] = []  # those worth sending on their own, in the order found
-        for copy, tokens in self._copies(context, k):
-            found += [(copy, tokens)] if tokens else []
-            offer, rate = self._offer(copy, tokens, allow)
-            offers += [offer] if offer[1] else []
-            if offer[1] and rate > best:
-                best, choice, self._last = rate, Proposal(offer[1], None, copy.source), copy
+        allow = step_allowance(self.account, self.curve, self.clock.ratio if self._timed else 1.0)
+        # Every copy found (those not sent are judged next step), and those worth sending on their own.
+        found = [copy for copy in copies(context, k, self.passage, self.history) if copy.tokens]
+        offers = [offer for offer in (self._offer(copy, allow) for copy in found) if offer.tokens]
+        best, choice = 1.0 / float(self.curve.verify(1)), Proposal.empty()  # a plain step
+        for offer in offers:
+            if offer.rate > best:
+                best, choice, self._last = offer.rate, Proposal(offer.tokens, None, offer.copy.source), offer.copy
         if self.tree_branches > 1 and offers:
             best, choice = self._tree_of(context, offers, k, best, allow) or (best, choice)
-        drafter = None
-        for name in self.drafters if k > 0 else ():
-            n, rate = best_k(self.drafter_acceptance[name].alpha, k, self.curve, self.curve.token_s(name), allow)
-            if n and rate > best:
-                best, drafter = rate, (name, n)
+        alphas = {name: estimate.alpha for name, estimate in self.drafter_acceptance.items()}
+        drafter = best_drafter(alphas, k, self.curve, allow, best)
         if drafter is not None:
             self._last, self._tree = drafter[0], None
         if self._since_plain >= PLAIN_EVERY:  # what plain decoding costs now is measured, not assumed
             choice, drafter, self._last, self._tree = Proposal.empty(), None, "none", None
         sent = {copy for copy, _, _ in self._tree.branches} if self._tree is not None else {self._last}
-        self._unsent = (len(context), [(copy, tokens) for copy, tokens in found if copy not in sent])
+        self._unsent = Unsent(len(context), tuple(copy for copy in found if copy.copy not in sent))
         return self.drafters[drafter[0]].propose(context, drafter[1], sampling, rng) if drafter else choice
 
     def _tree_of(self, context: Sequence[int], offers: list[Offer], k: int, best: float,
@@ -182,16 +168,16 @@ class AutoGuesser(BaseGuesser):
         verifying them together beats the best single guess: where verifying more positions costs
         little (a GPU, Apple silicon), a second continuation is nearly free; on a small CPU, rarely.
         Besides the copies found, the longest earlier match that continues differently from them."""
-        other = self.passage.other(context, {tokens[0] for _, tokens, _ in offers})
+        other = self.passage.other(context, {offer.tokens[0] for offer in offers})
         if other is not None:
-            offer, _ = self._offer(other, [int(t) for t in context[other.start:other.start + k]], allow)
-            offers = [*offers, offer] if offer[1] else offers
+            offer = self._offer(Found(other, copied(context, other, k)), allow)
+            offers = [*offers, offer] if offer.tokens else offers
         sent = branches(offers, self.tree_branches)
-        rate = tree_rate([alphas for _, _, alphas in sent], self.curve, allow) if len(sent) > 1 else -np.inf
-        if rate <= best:
+        rate = tree_beats([offer.alphas for offer in sent], self.curve, allow, best)
+        if rate is None:
             return None
-        self._tree, self._last = SentTree(len(context), tuple((copy, t[0], len(t)) for copy, t, _ in sent)), "tree"
-        tree = as_tree([tokens for _, tokens, _ in sent])
+        self._tree, self._last = SentTree.of(len(context), sent), "tree"
+        tree = as_tree([offer.tokens for offer in sent])
         return rate, Proposal(list(tree.tokens), None, "tree", tree=tree)
 
     def _settle_tree(self, context: Sequence[int]) -> None:
@@ -202,35 +188,17 @@ class AutoGuesser(BaseGuesser):
             self._learn(drafted, accepted)
 
     def _settle_unsent(self, context: Sequence[int]) -> None:
-        """What the copies found but not sent at the last step would have made of it: the context now holds
-        the tokens that step committed, and a copied token is kept exactly when it equals the committed one
-        (greedy or sampled: the exact rule keeps a point mass where the target's draw lands on it). So every
-        copy auto passes up is judged for free, and an estimate that ruled copying out learns when the
-        answer starts to copy, instead of waiting to drift back to its prior."""
-        (at, unsent), self._unsent = self._unsent, (0, [])
-        committed = [int(t) for t in context[at:]] if at <= len(context) else []
-        for copy, found in unsent:
-            n = min(len(found), len(committed))
-            if n:
-                self._acceptance(copy).observe(copy.m, n, next((j for j in range(n) if found[j] != committed[j]), n))
-
-    def opening_s(self) -> float:
-        """The room an answer's account opens with, in the curve's terms: START_STEPS plain steps, or one
-        wrong single guess where that costs more, so that guessing can begin."""
-        return max(START_STEPS * float(self.curve.verify(1)), float(self.curve.worst_loss(1, 0.0)[1]))
+        """What the copies found but not sent at the last step would have made of it (Unsent.outcomes)."""
+        unsent, self._unsent = self._unsent, Unsent()
+        for copy, drafted, accepted in unsent.outcomes(context):
+            self._acceptance(copy).observe(copy.m, drafted, accepted)
 
     def observe(self, drafted: int, accepted: int, span_s: float | None = None) -> None:
         # The curve is the service's to keep current (from every step, whoever guessed): auto keeps its
         # account and learns acceptance here.
         name = self._last if isinstance(self._last, str) and self._last in self.drafters else None
-        plain_s = float(self.curve.verify(1))
-        seconds = self.curve.spent_s(drafted, accepted, 0.0 if name is None else drafted * self.curve.token_s(name))
-        if self._timed and span_s is not None:  # by the clock; a plain step is plain decoding: it settles even
-            if not drafted:
-                self.clock.plain(span_s, plain_s)
-            plain_s *= self.clock.ratio
-            seconds = span_s if drafted else plain_s
-        self.account.settle(accepted + 1, seconds, plain_s)
+        draft_s = 0.0 if name is None else drafted * self.curve.token_s(name)
+        settle_step(self.account, self.clock, self.curve, drafted, accepted, draft_s, span_s if self._timed else None)
         self._since_plain = 0 if not drafted else self._since_plain + 1
         self._learn(drafted, accepted)
 

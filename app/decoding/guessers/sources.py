@@ -4,12 +4,15 @@ and copies that part ways, sent together as one tree. Auto prices them; these on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from specchat.decoding.guessers.copying import matches
 from specchat.decoding.verify import Tree
+
+if TYPE_CHECKING:
+    from specchat.decoding.history import HistoryIndex
 
 
 @dataclass(frozen=True)
@@ -27,8 +30,21 @@ class Copy:
     m: int  # the match length
 
 
-# A copy offered this step: the tokens it would guess and each one's acceptance.
-Offer = tuple[Copy, list[int], np.ndarray]
+class Found(NamedTuple):
+    """A copy found this step and the tokens it would guess."""
+
+    copy: Copy
+    tokens: list[int]
+
+
+class Offer(NamedTuple):
+    """A copy offered this step: the tokens it would guess, cut to the length worth sending, each one's
+    acceptance, and the rate (expected tokens per second) it would make sent alone."""
+
+    copy: Copy
+    tokens: list[int]
+    alphas: np.ndarray
+    rate: float
 
 
 class Passage:
@@ -100,11 +116,29 @@ class Passage:
         return Copy("lookup", int(ends[i]), "far", int(lengths[i]))
 
 
+def copied(context: Sequence[int], copy: Copy, k: int) -> list[int]:
+    """What a copy from the context's own text would guess: the k tokens from its start."""
+    return [int(t) for t in context[copy.start:copy.start + k]]
+
+
+def copies(context: Sequence[int], k: int, passage: Passage, history: HistoryIndex | None) -> Iterator[Found]:
+    """Every place to copy from, and what it would guess: the context's own text first (of two copies
+    with one first token, a tree keeps the first), then the history."""
+    if k <= 0:
+        return
+    copy = passage.find(context)
+    if copy is not None:
+        yield Found(copy, copied(context, copy, k))
+    if history is not None:
+        tokens, m = history.propose(context, k)
+        yield Found(Copy("history", 0, "history", m), tokens)
+
+
 def branches(offers: Sequence[Offer], most: int) -> list[Offer]:
     """At most `most` offers, one per first token: deterministic siblings must differ."""
     kept: list[Offer] = []
     for offer in offers:
-        if offer[1][0] not in {tokens[0] for _, tokens, _ in kept} and len(kept) < most:
+        if offer.tokens[0] not in {other.tokens[0] for other in kept} and len(kept) < most:
             kept.append(offer)
     return kept
 
@@ -127,6 +161,11 @@ class SentTree:
     at: int
     branches: tuple[tuple[Copy, int, int], ...]
 
+    @classmethod
+    def of(cls, at: int, offers: Sequence[Offer]) -> SentTree:
+        """These offers sent as one tree at context position `at`."""
+        return cls(at, tuple((offer.copy, offer.tokens[0], len(offer.tokens)) for offer in offers))
+
     def outcomes(self, context: Sequence[int], accepted: int) -> list[tuple[Copy, int, int]]:
         """Each branch's copy, drafted and kept, now that the context shows which one held: that one kept
         what the step kept, the others nothing. The one that held comes last: a copy that missed must not
@@ -134,3 +173,26 @@ class SentTree:
         held = int(context[self.at]) if accepted and self.at < len(context) else None
         return [(copy, drafted, accepted if first == held else 0)
                 for copy, first, drafted in sorted(self.branches, key=lambda b: b[1] == held)]
+
+
+@dataclass(frozen=True)
+class Unsent:
+    """Copies found but not sent, and where the context ended then: the next step's context shows whether
+    they would have held, evidence that costs nothing."""
+
+    at: int = 0
+    found: tuple[Found, ...] = ()
+
+    def outcomes(self, context: Sequence[int]) -> list[tuple[Copy, int, int]]:
+        """What each copy would have made of the step, as (copy, drafted, kept): the context now holds the
+        tokens that step committed, and a copied token is kept exactly when it equals the committed one
+        (greedy or sampled: the exact rule keeps a point mass where the target's draw lands on it). So every
+        copy auto passes up is judged for free, and an estimate that ruled copying out learns when the
+        answer starts to copy, instead of waiting to drift back to its prior."""
+        committed = [int(t) for t in context[self.at:]] if self.at <= len(context) else []
+        judged = []
+        for copy, tokens in self.found:
+            n = min(len(tokens), len(committed))
+            if n:
+                judged.append((copy, n, next((j for j in range(n) if tokens[j] != committed[j]), n)))
+        return judged
