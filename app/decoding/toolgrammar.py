@@ -5,7 +5,10 @@ call's arguments held to its tool's JSON schema (llguidance's `%json`).
 Covered: the formats that put a JSON call after a marker (`specchat.llama.toolcalls`): Hermes and Qwen's
 `<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>` (the default model's), any such marker-and-end pair a
 template was read to use, the list forms of Mistral (`[TOOL_CALLS][{…}]`) and Granite (`<|tool_call|>[{…}]`),
-and Llama 3.x's bare `{"name": …, "parameters": …}`. Not covered: gpt-oss's Harmony channels.
+and Llama 3.x's bare `{"name": …, "parameters": …}`; and Qwen3-Coder's tagged arguments
+(`<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n</parameter>\\n…`), each value held to its parameter's
+schema where that is not a string (`%json`), else any text up to the first `\\n</parameter>\\n`, as llama.cpp's
+grammar for it has it. Not covered: gpt-oss's Harmony channels.
 
 A marker that the vocabulary holds as one special token is asked for as that token: it is what the model
 writes, and its text spelled out byte by byte would be another answer.
@@ -20,6 +23,7 @@ import llguidance
 
 from specchat.decoding.constraint import Constraint, tokenizer_of
 from specchat.errors import SpecchatError
+from specchat.llama import xmlcalls
 from specchat.llama.toolcalls import ToolFormat
 
 if TYPE_CHECKING:
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
 
 # JSON as templates write it (tojson, json.dumps): ", " and ": ", no other whitespace, so that the grammar
 # neither invites a model to pad its arguments with newlines forever nor refuses the spacing it was trained on.
+_NL = "\n"  # (no backslash in an f-string's braces before Python 3.12)
 _LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -51,9 +56,11 @@ def tool_constraint(tools: Sequence[Mapping[str, Any]], choice: str, fmt: ToolFo
         raise SpecchatError(f"tool_choice cannot be enforced for this model: {what} are not in a form the "
                             "grammar covers; use tool_choice \"auto\"")
     tokenizer = model if isinstance(model, llguidance.LLTokenizer) else tokenizer_of(model)
+    what = f"the grammar for tool_choice {choice!r}"
+    if fmt.xml:
+        return Constraint.lark(_lark_tags(functions, fmt, parallel, tokenizer), tokenizer, what)
     call = {"anyOf": [_call_schema(f, fmt.args_key) for f in functions]} if len(functions) > 1 else \
         _call_schema(functions[0], fmt.args_key)
-    what = f"the grammar for tool_choice {choice!r}"
     return Constraint.lark(_lark(call, fmt, parallel, tokenizer), tokenizer, what)
 
 
@@ -82,6 +89,31 @@ def _lark(call: dict[str, Any], fmt: ToolFormat, parallel: bool, tokenizer: llgu
     one = f'{marker} "\\n" call "\\n" {_literal(fmt.end, tokenizer)}' if fmt.end else f"{marker} call"
     return "\n".join(['start: one ("\\n" one)*' if parallel else "start: one", f"one: {one}",
                       f"call: %json {json.dumps({**call, 'x-guidance': _LAYOUT})}"])
+
+
+def _lark_tags(functions: list[dict[str, Any]], fmt: ToolFormat, parallel: bool,
+               tokenizer: llguidance.LLTokenizer) -> str:
+    """Tagged calls as Qwen3-Coder's template writes them: the parameters in their schema's order, the required
+    ones always and the others where the model likes."""
+    lines = ['start: one ("\\n" one)*' if parallel else "start: one",
+             f'one: {_literal(fmt.markers[0], tokenizer)} "\\n" call "\\n" {_literal(fmt.end, tokenizer)}',
+             "call: " + " | ".join(f"f{i}" for i in range(len(functions))),
+             # A value and its closing tag as one: its text ends at the first `\n</parameter>\n`, as the parser reads it.
+             r"TEXT: /(?s:.*)\n<\/parameter>\n/ & ~/(?s:.*)\n<\/parameter>\n(?s:.+)/"]
+    for i, function in enumerate(functions):
+        parameters = function.get("parameters") or {}
+        required = set(parameters.get("required") or ())
+        names = []
+        for j, (arg, schema) in enumerate((parameters.get("properties") or {}).items()):
+            value = "TEXT"  # a string, or a value its schema leaves open: any text, as in llama.cpp's grammar
+            if "string" not in xmlcalls.kinds_of(schema):
+                lines.append(f"v{i}_{j}: %json {json.dumps({**schema, 'x-guidance': _LAYOUT})}")
+                value = f"v{i}_{j} {json.dumps(xmlcalls.VALUE_END)}"
+            lines.append(f"p{i}_{j}: {json.dumps(f'<parameter={arg}>{_NL}')} {value}")
+            names.append(f"p{i}_{j}" if arg in required else f"p{i}_{j}?")
+        opening = json.dumps(f"<function={function['name']}>{_NL}")
+        lines.append(f'f{i}: {opening} {" ".join(names)} "</function>"')
+    return "\n".join(lines)
 
 
 def _literal(text: str, tokenizer: llguidance.LLTokenizer) -> str:

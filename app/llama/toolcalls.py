@@ -10,20 +10,24 @@ The formats (llama.cpp's common/chat.cpp, chat-diff-analyzer.cpp and parsers/ in
   "parameters": {…}}` and the same JSON bare at the answer's start (Llama 3.x), `<|tool_call|>[{…}]` (Granite
   3.3). Which marker, end and keys a template uses is read off how it writes an earlier answer's call, as
   llama.cpp's chat-diff-analyzer does (Granite 3.3 writes none back: its system prompt names the marker).
+- **Tagged arguments** (Qwen3-Coder; Nemotron 3 Nano, Qwen3.5 and StepFun 3.5 Flash write the same):
+  `<tool_call>\n<function=NAME>\n<parameter=ARG>\nVALUE\n</parameter>\n…</function>\n</tool_call>`, each value
+  made JSON by its parameter's schema in the offered tools (`specchat.llama.xmlcalls`).
 - **Harmony** (gpt-oss): a message to a function, `<|channel|>commentary to=functions.NAME <|constrain|>json
   <|message|>{…}<|call|>`, or with the recipient in the role header (`<|start|>assistant to=functions.NAME
   <|channel|>commentary json<|message|>{…}`; the first message's `<|start|>assistant` is the generation prompt's).
 
-Not detected (`format_of` answers None): calls whose arguments are not one JSON value (Qwen3-Coder's and
-Nemotron's `<function=NAME><parameter=…>` XML, DeepSeek's and Kimi's special-token forms, Gemma 4's `call:`),
-and templates that cannot write an earlier answer's call at all.
+Not detected (`format_of` answers None): the other forms whose arguments are not one JSON value (Seed-OSS's
+`<seed:tool_call>` tags, DeepSeek's and Kimi's special-token forms, Gemma 4's `call:`), and templates that cannot
+write an earlier answer's call at all.
 
 `Splitter` is pure text in, text out, as `service.reasoning.Splitter` is: the engine's released text goes in a
 piece at a time and comes back as content and finished calls, holding back only what may be a call marker's
-start, or a call under way. For JSON formats it reads the answer after the thinking is split off (as llama.cpp
-parses tool calls in the content); for Harmony it reads the raw text before the reasoning splitter (a call is
-a commentary message, which that splitter would take for thinking), and passes every other message on as it
-came. Malformed call text is never dropped: it stays content, with a one-line error beside it.
+start, or a call under way. For JSON formats and tagged arguments it reads the answer after the thinking is
+split off (as llama.cpp parses tool calls in the content); for Harmony it reads the raw text before the
+reasoning splitter (a call is a commentary message, which that splitter would take for thinking), and passes
+every other message on as it came. Malformed call text is never dropped: it stays content, with a one-line error
+beside it.
 """
 
 from __future__ import annotations
@@ -33,20 +37,22 @@ import re
 import secrets
 import string
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from specchat.errors import SpecchatError
+from specchat.llama import xmlcalls
 from specchat.llama.template import ChatTemplate, Message, ToolCall
 
-__all__ = ["GRANITE", "HARMONY", "HERMES", "LLAMA3", "MISTRAL", "Delta", "Parsed", "Splitter", "ToolCall", "ToolFormat",
-           "format_of", "new_id", "parse"]
+__all__ = ["GRANITE", "HARMONY", "HERMES", "LLAMA3", "MISTRAL", "QWEN3_CODER", "Delta", "Parsed", "Splitter", "ToolCall",
+           "ToolFormat", "format_of", "new_id", "parse"]
 
 
 @dataclass(frozen=True)
 class ToolFormat:
     """How one template's answers carry calls. JSON formats: the markers that open a call (or a list of them),
     what closes it ("": the JSON value's own end), whether the calls are a JSON list, the key the arguments are
-    under, and whether a call may also stand bare at the answer's start (Llama 3.x). Harmony: `harmony`."""
+    under, and whether a call may also stand bare at the answer's start (Llama 3.x). Qwen3-Coder's tagged
+    arguments: `xml`. Harmony: `harmony`."""
 
     name: str
     markers: tuple[str, ...] = ()
@@ -54,6 +60,7 @@ class ToolFormat:
     array: bool = False
     args_key: str = "arguments"
     bare: bool = False
+    xml: bool = False
     harmony: bool = False
 
 
@@ -62,6 +69,7 @@ MISTRAL = ToolFormat("mistral", ("[TOOL_CALLS]",), array=True)
 GRANITE = ToolFormat("granite", ("<|tool_call|>",), array=True)
 LLAMA3 = ToolFormat("llama3", ("<|python_tag|>",), args_key="parameters", bare=True)
 HARMONY = ToolFormat("harmony", harmony=True)
+QWEN3_CODER = ToolFormat("qwen3-coder", (xmlcalls.OPEN,), xmlcalls.END, xml=True)
 
 START, CHANNEL, MESSAGE, END, CALL = "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>"
 RECIPIENT = " to=functions."
@@ -72,7 +80,8 @@ _NAME, _ARG, _ANSWER = "specchat_probe_7f3a", "specchat_arg_7f3a", "SPECCHAT_ANS
 PROBE_TOOL = {"type": "function", "function": {
     "name": _NAME, "description": "Looks something up.",
     "parameters": {"type": "object", "properties": {_ARG: {"type": "string"}}, "required": [_ARG]}}}
-_XML = ("<function=", "<parameter=")  # Qwen3-Coder's tagged arguments: not JSON
+# How Qwen3-Coder's template writes the probe call (Seed-OSS's tags differ, and so does its reading).
+_XML_PROBE = f"<tool_call>\n<function={_NAME}>\n<parameter={_ARG}>\nv\n</parameter>\n</function>\n</tool_call>"
 
 
 def new_id() -> str:
@@ -86,8 +95,6 @@ def format_of(template: ChatTemplate) -> ToolFormat | None:
         return HARMONY
     if "[TOOL_CALLS]" in template.source:  # either of Mistral's forms; some write the name outside the JSON
         return MISTRAL
-    if all(x in template.source for x in _XML):
-        return None
     user = Message("user", "Hi")
     call = ToolCall(_NAME, json.dumps({_ARG: "v"}), "abcDEF123")
     try:
@@ -99,6 +106,8 @@ def format_of(template: ChatTemplate) -> ToolFormat | None:
     after = plain[plain.find(_ANSWER) + len(_ANSWER):] if _ANSWER in plain else ""
     tail = called[head:]
     body = tail[:len(tail) - _common(after[::-1], tail[::-1])]  # less what closes the turn either way
+    if body.strip() == _XML_PROBE:
+        return QWEN3_CODER
     at = body.find(_NAME)
     if at < 0:  # it drops an earlier answer's calls; Granite 3.3's system prompt still names its marker
         return GRANITE if GRANITE.markers[0] in template.source else None
@@ -202,13 +211,14 @@ _MISTRAL_NAME = re.compile(r"\s*([\w.\-]+)(?:\[CALL_ID\]([\w\-]+))?\[ARGS\]")
 
 class Splitter:
     """One answer's text, split into content and calls as it streams. `ids` makes each call's id where the
-    model wrote none (default: `new_id`)."""
+    model wrote none (default: `new_id`); `tools`, the offered tools' OpenAI schemas, type tagged arguments."""
 
-    def __init__(self, fmt: ToolFormat, ids: Callable[[], str] = new_id) -> None:
+    def __init__(self, fmt: ToolFormat, ids: Callable[[], str] = new_id, tools: Sequence[Mapping[str, Any]] = ()) -> None:
         self.format, self._ids = fmt, ids
+        self._schemas = xmlcalls.schemas(tools)
         self._held = ""
         self._marker: str | None = None  # the marker of the call under way ("" bare), None: none is
-        self._scan: _Scan | None = None
+        self._scan: _Scan | xmlcalls.EndScan | None = None
         self._start_at = 0  # where the call's JSON starts in the held text
         self._named: tuple[str, str | None] | None = None  # Mistral's NAME[CALL_ID]ID[ARGS] before the JSON
         self._searched = 0  # where the search for the call's end goes on from
@@ -350,6 +360,8 @@ class Splitter:
 
     def _inside(self, out: Delta, final: bool) -> bool:
         marker = self._marker or ""
+        if self.format.xml:
+            return self._until_tags_end(marker, out, final)
         if self.format.end and marker in self.format.markers and marker != PYTHON_TAG:
             return self._until_end(marker, out, final)
         return self._until_value_end(marker, out, final)
@@ -363,6 +375,26 @@ class Splitter:
             return False
         payload, raw_len = (held[len(marker):at], at + len(end)) if at >= 0 else (held[len(marker):], len(held))
         self._read(held[:raw_len], payload, lambda value: self._calls(value, out), out)
+        self._finish(raw_len)
+        return True
+
+    def _until_tags_end(self, marker: str, out: Delta, final: bool) -> bool:
+        """A call with tagged arguments: it ends at the `</tool_call>` no value holds (or, ended at EOG without
+        one, where the answer does, as a JSON call may)."""
+        if self._scan is None:
+            self._scan = xmlcalls.EndScan(len(marker))
+        held = self._held
+        end = self._scan.end(held)
+        if end is None and not final:
+            return False
+        raw_len, body_end = (end, end - len(self.format.end)) if end is not None else (len(held), len(held))
+        try:
+            name, args = xmlcalls.read(held[len(marker):body_end], self._schemas)
+        except xmlcalls.XmlCallError as e:
+            self._malformed(held[:raw_len], str(e), out)
+        else:
+            out.calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False), self._ids()))
+            self.called = True
         self._finish(raw_len)
         return True
 
@@ -478,9 +510,9 @@ def _is_call(value: Any) -> bool:
     return isinstance(value, dict) and (isinstance(value.get("name"), str) or isinstance(value.get("function"), dict))
 
 
-def parse(text: str, fmt: ToolFormat, ids: Callable[[], str] = new_id) -> Parsed:
+def parse(text: str, fmt: ToolFormat, ids: Callable[[], str] = new_id, tools: Sequence[Mapping[str, Any]] = ()) -> Parsed:
     """A whole answer's content and calls (what the streaming splitter gives, at once)."""
-    splitter = Splitter(fmt, ids)
+    splitter = Splitter(fmt, ids, tools)
     out = splitter.push(text)
     out.add(splitter.flush())
     return Parsed(out.content, tuple(out.calls), tuple(out.errors))

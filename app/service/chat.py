@@ -117,7 +117,7 @@ class ChatService:
         splits: list[Callable[[ChatEvent], list[ChatEvent]]] = [ThinkingSplit(reasoning)]
         if fmt is not None:
             # Harmony's calls are messages the thinking split would take for thought: they come out first.
-            splits.insert(0 if fmt.harmony else 1, ToolSplit(fmt))
+            splits.insert(0 if fmt.harmony else 1, ToolSplit(fmt, tools=tools))
         for engine_event in self._generate(prompt, config, guesser, cancel, self.prompter.continued):
             for event in _through(splits, engine_event):
                 if isinstance(event, Done):

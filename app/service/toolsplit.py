@@ -27,8 +27,8 @@ class ToolSplit:
     """One answer's events, each passed on with its tool calls split out (a call per event, as ThinkingSplit is:
     the service's own loop drives it)."""
 
-    def __init__(self, fmt: ToolFormat, ids: Callable[[], str] = new_id) -> None:
-        self.splitter = Splitter(fmt, ids)
+    def __init__(self, fmt: ToolFormat, ids: Callable[[], str] = new_id, tools: Sequence[Mapping[str, Any]] = ()) -> None:
+        self.splitter = Splitter(fmt, ids, tools)  # the tools' schemas type Qwen3-Coder's tagged arguments
         self._read = ""  # the text given to the splitter so far
         self._content = ""  # what it released as content
         self._calls: list[ToolCall] = []

@@ -17,7 +17,7 @@ from specchat.decoding.guessers import DraftGuesser, LookupGuesser
 from specchat.decoding.sampling import SamplingConfig
 from specchat.decoding.toolgrammar import tool_constraint
 from specchat.errors import SpecchatError
-from specchat.llama.toolcalls import GRANITE, HARMONY, HERMES, LLAMA3, MISTRAL, ToolFormat, parse
+from specchat.llama.toolcalls import GRANITE, HARMONY, HERMES, LLAMA3, MISTRAL, QWEN3_CODER, ToolFormat, parse
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {
@@ -94,6 +94,54 @@ def test_a_marker_the_vocabulary_holds_as_one_special_token_is_asked_for_as_that
     assert np.flatnonzero(matcher.allowed()).tolist() == [259]
     matcher.consume([259])
     assert np.flatnonzero(matcher.allowed()).tolist() == [257]  # the end: a named function is called once
+
+
+FORECAST = {"type": "function", "function": {"name": "forecast", "parameters": {"type": "object", "properties": {
+    "days": {"type": "integer", "minimum": 1, "maximum": 7}, "metric": {"type": "boolean"},
+    "hours": {"type": "array", "items": {"enum": [6, 12, 18]}, "maxItems": 2}}, "required": ["days"]}}}
+
+
+def valid_forecast(args: dict) -> bool:
+    hours = args.get("hours", [])
+    return 1 <= args["days"] <= 7 and isinstance(args.get("metric", True), bool) and set(hours) <= {6, 12, 18} \
+        and len(hours) <= 2
+
+
+def test_tagged_arguments_are_held_to_their_schemas():
+    """Qwen3-Coder's form: each typed value is JSON its schema allows, on its own line between its tags, and the
+    call parses back (by the same schemas) whole."""
+    constraint = tool_constraint([FORECAST, TIME], "forecast", QWEN3_CODER, toy.text())
+    for seed in (0, 1, 2, None):
+        text = answer(constraint, LookupGuesser(), seed, max_tokens=400)
+        parsed = parse(text, QWEN3_CODER, tools=[FORECAST, TIME])
+        assert parsed.errors == () and parsed.content == "" and [c.name for c in parsed.calls] == ["forecast"], text
+        assert valid_forecast(json.loads(parsed.calls[0].arguments)), text
+        assert text.startswith("<tool_call>\n<function=forecast>\n<parameter=days>\n"), text
+        assert text.endswith("\n</parameter>\n</function>\n</tool_call>"), text
+
+
+def test_parallel_tagged_calls_follow_one_another():
+    constraint = tool_constraint([FORECAST], "required", QWEN3_CODER, toy.text())
+    target = ScriptedModel(7, 2.0, text=True, order=1, n_ctx=1024)  # room for a few calls of 140 bytes
+    counts = []
+    for seed in range(3):
+        done = final(Engine(target).generate(target.tokenize("<|im_start|>assistant\n"), GenerationConfig(
+            SamplingConfig(1.0, seed=seed), 600, constraint=constraint)))
+        parsed = parse(done.text[:done.text.rindex("</tool_call>") + len("</tool_call>")], QWEN3_CODER, tools=[FORECAST])
+        assert parsed.errors == () and parsed.content == "", done.text
+        assert all(valid_forecast(json.loads(c.arguments)) for c in parsed.calls), done.text
+        counts.append(len(parsed.calls))
+    assert max(counts) >= 2, counts  # the model, let to go on, calls again
+
+
+def test_a_tagged_string_runs_to_the_first_closing_tag_on_its_own_line():
+    """A string value is any text, tags included, until `\\n</parameter>\\n`: then the next parameter."""
+    tokenizer = toy.text()
+    matcher = tool_constraint([WEATHER], "required", QWEN3_CODER, tokenizer).start()
+    matcher.consume(tokenizer.tokenize_str("<tool_call>\n<function=get_weather>\n<parameter=city>\nSt </parameter> Ives"))
+    assert matcher.allowed()[list(b"x<\n")].all()  # any text goes on
+    matcher.consume(tokenizer.tokenize_str("\n</parameter>\n"))
+    assert np.flatnonzero(matcher.allowed()).tolist() == [ord("<")]  # <parameter=days>, which is required
 
 
 @pytest.mark.parametrize("tools,choice,fmt,why", [

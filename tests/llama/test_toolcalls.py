@@ -13,7 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specchat.llama.template import ChatTemplate, Message, ToolCall
-from specchat.llama.toolcalls import GRANITE, HARMONY, HERMES, LLAMA3, MISTRAL, Splitter, ToolFormat, format_of, parse
+from specchat.llama.toolcalls import (
+    GRANITE,
+    HARMONY,
+    HERMES,
+    LLAMA3,
+    MISTRAL,
+    QWEN3_CODER,
+    Splitter,
+    ToolFormat,
+    format_of,
+    parse,
+)
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 APRIEL = ToolFormat("json", ("<tool_calls>",), "</tool_calls>", array=True)
@@ -29,7 +40,8 @@ FORMATS = {  # template file -> what format_of reads off it (None: a format not 
     "openai-gpt-oss-120b.jinja": HARMONY,
     "ibm-granite-granite-3.3-2B-Instruct.jinja": GRANITE,
     "Apriel-1.6-15b-Thinker-fixed.jinja": APRIEL,
-    "Qwen3-Coder.jinja": None,  # <function=NAME><parameter=…> XML
+    "Qwen3-Coder.jinja": QWEN3_CODER,  # <function=NAME><parameter=…> tags
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": QWEN3_CODER,  # the same tags, after <think></think>
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": None,  # special-token calls
     "ByteDance-Seed-OSS.jinja": None,  # <seed:tool_call> XML
 }
@@ -50,6 +62,7 @@ def test_the_format_is_read_off_the_template(name):
 
 
 W = ("get_weather", '{"city": "Paris"}')
+XML_W = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
 T = ("get_time", "{}")
 CASES = [  # (text, format, content, [(name, arguments)], number of errors)
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', HERMES, "", [W], 0),
@@ -82,6 +95,18 @@ CASES = [  # (text, format, content, [(name, arguments)], number of errors)
     ("<|channel|>final<|message|>It is sunny.", HARMONY, "<|channel|>final<|message|>It is sunny.", [], 0),
     ("<|channel|>commentary to=functions.get_weather json<|message|>{city: Paris}<|call|>", HARMONY,
      "<|channel|>commentary to=functions.get_weather json<|message|>{city: Paris}<|call|>", [], 1),
+    (XML_W, QWEN3_CODER, "", [W], 0),
+    ("Let me look.\n" + XML_W + "\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>", QWEN3_CODER,
+     "Let me look.\n", [W, T], 0),
+    ('<tool_call>\n<function=python>\n<parameter=code>\nprint("</tool_call>")\nx = "</parameter>"\n\n</parameter>\n'
+     "</function>\n</tool_call> Ran it.", QWEN3_CODER, " Ran it.",
+     [("python", json.dumps({"code": 'print("</tool_call>")\nx = "</parameter>"\n'}))], 0),  # tags in a value
+    (XML_W[:-len("\n</tool_call>")], QWEN3_CODER, "", [W], 0),  # ended at EOG
+    ("<tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter></function></tool_call> and on",
+     QWEN3_CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter></function></tool_call> and on",
+     [], 1),  # a value that never closes as llama.cpp closes one
+    ('<tool_call>\nget_weather(city="Paris")\n</tool_call>', QWEN3_CODER,
+     '<tool_call>\nget_weather(city="Paris")\n</tool_call>', [], 1),
 ]
 
 
@@ -102,15 +127,15 @@ def test_ids_the_model_wrote_are_kept_and_the_rest_made():
     assert len(parsed.calls[0].id) == 9 and parsed.calls[0].id.isalnum()  # as Mistral's templates insist
 
 
-def streamed(text, fmt, cuts):
-    splitter = Splitter(fmt, ids())
+def streamed(text, fmt, cuts, tools=()):
+    splitter = Splitter(fmt, ids(), tools)
     out = [splitter.push(text[a:b]) for a, b in zip([0, *cuts], [*cuts, len(text)])] + [splitter.flush()]
     return "".join(d.content for d in out), [(c.name, c.arguments, c.id) for d in out for c in d.calls], \
         [e for d in out for e in d.errors]
 
 
-def whole(text, fmt):
-    p = parse(text, fmt, ids())
+def whole(text, fmt, tools=()):
+    p = parse(text, fmt, ids(), tools)
     return p.content, [(c.name, c.arguments, c.id) for c in p.calls], list(p.errors)
 
 
@@ -138,6 +163,7 @@ def test_any_cutting_gives_the_same_content_and_calls(case, data):
     (MISTRAL, "Lists [1, 2] and [TOOL] words."),
     (LLAMA3, "Not JSON at the start, then {\"name\": 1} <|python in text."),
     (HARMONY, "<|channel|>final<|message|>It is <|sunny|> today"),
+    (QWEN3_CODER, "Write <function=f> and <tool> or <tool_cal in text."),
 ])
 def test_only_what_may_start_a_marker_is_held_back(fmt, text):
     """Content streams as it comes: after each character, all of it is out but a tail that is a marker's
@@ -174,7 +200,8 @@ def test_a_call_and_its_result_render_where_the_template_puts_them(name):
     result = prompt.index(RESULT)
     assert asked < result and prompt.rindex("get_weather") < result
     assert "Paris" in prompt[asked + len("Weather in Paris?"):result]  # the call's arguments, between them
-    assert '"city": "Paris"' in prompt and '\\"city\\"' not in prompt  # arguments as an object, not text
+    written = "<parameter=city>\nParis\n</parameter>" if FORMATS[name].xml else '"city": "Paris"'
+    assert written in prompt and '\\"city\\"' not in prompt  # arguments as an object, not text
 
     user = [Message("user", "Weather in Paris?")]
     plain = t.render(user + [Message("assistant", "SPECCHAT_ANSWER")], False, tools=[WEATHER])
@@ -198,3 +225,56 @@ def test_a_megabyte_tool_result_renders_whole():
                        Message("tool", result, tool_call_id=CALL.id)], tools=[WEATHER])
     assert "<tool_response>\n" + result + "\n</tool_response>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
+
+
+TYPED = {"type": "function", "function": {"name": "edit", "parameters": {"type": "object", "properties": {
+    "path": {"type": "string"}, "line": {"type": "integer"}, "scale": {"type": "number"}, "dry": {"type": "boolean"},
+    "opts": {"type": "object"}, "tags": {"type": "array", "items": {"type": "string"}}, "mode": {"enum": ["a", "b"]},
+    "limit": {"type": ["integer", "string"]}, "note": {"anyOf": [{"type": "null"}, {"type": "object"}]}}}}}
+TYPED_ARGS = {"path": "42", "line": 7, "scale": 1.5, "dry": True, "opts": {"deep": [1, {"x": None}]},
+              "tags": ["a", "b"], "mode": "a", "limit": "none", "note": None, "extra": 3}
+TYPED_TEXT = ("I will edit it.\n<tool_call>\n<function=edit>\n<parameter=path>\n42\n</parameter>\n<parameter=line>\n7\n"
+              "</parameter>\n<parameter=scale>\n1.5\n</parameter>\n<parameter=dry>\ntrue\n</parameter>\n<parameter=opts>\n"
+              '{"deep": [1, {"x": null}]}\n</parameter>\n<parameter=tags>\n["a", "b"]\n</parameter>\n<parameter=mode>\na\n'
+              "</parameter>\n<parameter=limit>\nnone\n</parameter>\n<parameter=note>\nnull\n</parameter>\n"
+              "<parameter=extra>\n3\n</parameter>\n</function>\n</tool_call>")
+
+
+def test_tagged_arguments_take_the_types_their_schemas_give():
+    """Strings as written (a number's digits too), numbers, booleans, objects, arrays and null as JSON, a value
+    two types allow as the JSON one where it parses, else text; a parameter no schema names as JSON where it
+    parses, as llama.cpp reads an open schema."""
+    parsed = parse(TYPED_TEXT, QWEN3_CODER, tools=[TYPED])
+    assert parsed.content == "I will edit it.\n" and not parsed.errors
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("edit", TYPED_ARGS)]
+    assert list(json.loads(parsed.calls[0].arguments)) == list(TYPED_ARGS)  # in the order written
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_tagged_arguments_stream_to_the_same_call_in_any_pieces(data):
+    expected = whole(TYPED_TEXT, QWEN3_CODER, [TYPED])
+    assert streamed(TYPED_TEXT, QWEN3_CODER, list(range(1, len(TYPED_TEXT))), [TYPED]) == expected
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(TYPED_TEXT) - 1), max_size=30)))
+    assert streamed(TYPED_TEXT, QWEN3_CODER, cuts, [TYPED]) == expected
+
+
+@pytest.mark.parametrize("value", ["seven", '"7"', "[7]"])
+def test_a_value_its_schema_refuses_keeps_the_call_as_text(value):
+    text = f"<tool_call>\n<function=edit>\n<parameter=line>\n{value}\n</parameter>\n</function>\n</tool_call>"
+    parsed = parse(text, QWEN3_CODER, tools=[TYPED])
+    assert parsed.content == text and parsed.calls == ()
+    assert parsed.errors == ("malformed tool call (the value of line of edit is not JSON of type number); its text is "
+                             "kept as the answer's",)
+
+
+@pytest.mark.parametrize("name", [n for n, f in FORMATS.items() if f is QWEN3_CODER])
+def test_typed_arguments_come_back_the_same_through_the_template(name):
+    """A call written back by the template (a boolean as Jinja writes it, `True`) reads as the same call."""
+    call = ToolCall("edit", json.dumps(TYPED_ARGS), "abcDEF123")
+    user = [Message("user", "Edit it.")]
+    plain = template(name).render(user + [Message("assistant", "SPECCHAT_ANSWER")], False, tools=[TYPED])
+    called = template(name).render(user + [Message("assistant", "", tool_calls=(call,))], False, tools=[TYPED])
+    head = next((i for i, (a, b) in enumerate(zip(plain, called)) if a != b), 0)
+    parsed = parse(called[head:], QWEN3_CODER, tools=[TYPED])
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("edit", TYPED_ARGS)] and not parsed.errors

@@ -184,3 +184,25 @@ def test_a_call_written_inside_the_thinking_is_thought_not_a_call():
     done = events[-1]
     assert (done.text, done.calls, done.reason) == ("No call is needed.", (), "eog")
     assert done.thinking == "Maybe " + CALL + " would do."
+
+
+def test_tagged_arguments_are_typed_by_the_tools_the_service_was_given():
+    """Qwen3-Coder's calls through the service: the request's tools reach the splitter, so a string parameter
+    written as digits stays a string and an integer is a number; the call written back is the model's text."""
+    coder = (TEMPLATES / "Qwen3-Coder.jinja").read_text()
+    tool = {"type": "function", "function": {"name": "forecast", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}}}}}
+    answer = ("<tool_call>\n<function=forecast>\n<parameter=city>\n75001\n</parameter>\n<parameter=days>\n3\n"
+              "</parameter>\n</function>\n</tool_call>")
+    chat = service(coder, answer)
+    first = [Message("user", "Weather in Paris?")]
+    done = list(chat.chat(first, GREEDY, "none", tools=[tool]))[-1]
+    assert [(c.name, json.loads(c.arguments)) for c in done.calls] == [("forecast", {"city": "75001", "days": 3})]
+    assert (done.text, done.reason) == ("", "tool_calls")
+    tokens = len(chat.last_prompt) + len(done.token_ids)
+    chat.target.answer = "Sunny."
+    second = [*first, Message("assistant", done.text, tool_calls=done.calls),
+              Message("tool", "sunny", tool_call_id=done.calls[0].id)]
+    events = list(chat.chat(second, GREEDY, "none", tools=[tool]))
+    prefill = next(e for e in events if isinstance(e, Prefill))
+    assert chat.prompter.continued and prefill.cached >= tokens - 1 and events[-1].text == "Sunny."
