@@ -73,16 +73,22 @@ class CostCurve:
             seconds += r.save_s + (r.restore_s + float(self.verify(accepted + 1)) if accepted < drafted else 0.0)
         return seconds
 
-    def worst_loss(self, k_max: int, draft_s: float) -> np.ndarray:
+    def catch_up_s(self, drafter: str, behind: int) -> float:
+        """What a drafter takes to read the `behind` tokens committed since it last ran, beyond the one every
+        drafting step reads (which token_s covers): one batch, priced by the target's curve's shape."""
+        return self.token_s(drafter) * (float(self.verify(behind) / self.verify(1)) - 1.0) if behind > 1 else 0.0
+
+    def worst_loss(self, k_max: int, draft_s: float, setup_s: float = 0.0) -> np.ndarray:
         """For k = 0..k_max guesses, what a step that sends k and has every one rejected costs beyond the
         plain step that would have made its one token."""
-        return self.step_s(np.zeros(k_max), draft_s) - float(self.verify(1))
+        return self.step_s(np.zeros(k_max), draft_s, setup_s) - float(self.verify(1))
 
-    def step_s(self, alphas: np.ndarray, draft_s: float) -> np.ndarray:
+    def step_s(self, alphas: np.ndarray, draft_s: float, setup_s: float = 0.0) -> np.ndarray:
         """Expected seconds of a step that sends the first k of these guesses, for k = 0..len(alphas):
-        drafting, verifying k + 1 positions, and taking back what is rejected."""
+        drafting (setup_s before the first guess: a draft catching up), verifying k + 1 positions, and
+        taking back what is rejected."""
         ks = np.arange(0, len(alphas) + 1)
-        seconds = ks * draft_s + self.verify(ks + 1)
+        seconds = ks * draft_s + self.verify(ks + 1) + np.where(ks > 0, setup_s, 0.0)
         if self.rollback is None:
             return seconds
         r = self.rollback
@@ -95,23 +101,23 @@ class CostCurve:
 
 
 def best_length(alphas: np.ndarray, cost: CostCurve, draft_s: float,
-                max_loss: float = float("inf")) -> tuple[int, float]:
+                max_loss: float = float("inf"), setup_s: float = 0.0) -> tuple[int, float]:
     """How many of the offered guesses (0..len(alphas)) to send, and the expected tokens per second
     then, when guess j is accepted with probability alphas[j] given that those before it were. Only
     lengths whose worst case (every guess rejected) costs at most `max_loss` more than a plain step."""
     alphas = np.asarray(alphas, dtype=np.float64)
     tokens = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(alphas))])
-    rate = tokens / cost.step_s(alphas, draft_s)
-    rate[cost.worst_loss(len(alphas), draft_s) > max_loss] = -np.inf  # length 0 loses nothing: always allowed
+    rate = tokens / cost.step_s(alphas, draft_s, setup_s)
+    rate[cost.worst_loss(len(alphas), draft_s, setup_s) > max_loss] = -np.inf  # length 0 loses nothing: always allowed
     best = int(rate.argmax())
     return best, float(rate[best])
 
 
 def best_k(alpha: float, k_max: int, cost: CostCurve, draft_s: float,
-           max_loss: float = float("inf")) -> tuple[int, float]:
+           max_loss: float = float("inf"), setup_s: float = 0.0) -> tuple[int, float]:
     """The number of guesses (0..k_max), each accepted with probability alpha, that maximizes
     expected tokens per second, and that rate."""
-    return best_length(np.full(max(0, k_max), alpha), cost, draft_s, max_loss)
+    return best_length(np.full(max(0, k_max), alpha), cost, draft_s, max_loss, setup_s)
 
 
 def tree_tokens(branches: Sequence[np.ndarray]) -> float:
@@ -134,14 +140,15 @@ def tree_rate(branches: Sequence[np.ndarray], cost: CostCurve, max_loss: float =
     return tree_tokens(branches) / float(cost.verify(1 + nodes))
 
 
-def best_drafter(alphas: Mapping[str, float], k_max: int, cost: CostCurve, max_loss: float,
-                 best: float) -> tuple[str, int, float] | None:
-    """Of the drafting models (by name, each with its per-token acceptance), the one whose best number of
-    guesses makes the highest rate (of equals, the first), if that beats `best`, the best other choice's:
-    its name, that number and that rate. None where none beats it."""
+def best_drafter(alphas: Mapping[str, float], behind: Mapping[str, int], k_max: int, cost: CostCurve,
+                 max_loss: float, best: float) -> tuple[str, int, float] | None:
+    """Of the drafting models (by name, each with its per-token acceptance, and how many committed tokens it
+    has yet to read: a draft left idle catches up before it guesses), the one whose best number of guesses
+    makes the highest rate (of equals, the first), if that beats `best`, the best other choice's: its name,
+    that number and that rate. None where none beats it."""
     choice = None
     for name, alpha in alphas.items():
-        n, rate = best_k(alpha, k_max, cost, cost.token_s(name), max_loss)
+        n, rate = best_k(alpha, k_max, cost, cost.token_s(name), max_loss, cost.catch_up_s(name, behind[name]))
         if n and rate > best:
             best, choice = rate, (name, n, rate)
     return choice

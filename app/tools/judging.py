@@ -18,31 +18,43 @@ from specchat.tools.replay import oracle, replay
 
 class RecordedDraft(BaseGuesser):
     """The draft model as it guessed on a recorded greedy answer: at answer position i its guess given the
-    true text, which is what it sees while its earlier guesses hold (after a miss, the step ends anyway)."""
+    true text, which is what it sees while its earlier guesses hold (after a miss, the step ends anyway).
+    Its cache is followed as the real draft's is, so that catching up after idle steps is charged as the
+    engine pays it (the proposal's sync_s, by the curve)."""
 
     name = "draft"
     default_draft_length = 4
 
-    def __init__(self, answer: Answer) -> None:
-        self.start, self.guess, self.p = len(answer.prompt), answer.draft_guess, answer.draft_p
+    def __init__(self, answer: Answer, curve: CostCurve) -> None:
+        self.start, self.guess, self.p, self.curve = len(answer.prompt), answer.draft_guess, answer.draft_p, curve
         self.keep_going: Callable[[list[float]], bool] | None = None
+        self._read: list[int] = []  # what its cache holds
+
+    def prepare(self, context: Sequence[int]) -> None:
+        self._read = list(context)
+
+    def behind(self, context: Sequence[int]) -> int:
+        same = next((i for i, (a, b) in enumerate(zip(self._read, context)) if a != b), min(len(self._read), len(context)))
+        return len(context) - min(same, len(context) - 1)
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
+        sync_s = self.curve.catch_up_s("draft", self.behind(context))
         at = len(context) - self.start
         tokens: list[int] = []
         for j in range(min(k, len(self.guess) - at)):
             tokens.append(self.guess[at + j])
             if self.keep_going is not None and not self.keep_going(list(self.p[at:at + j + 1])):
                 break
-        return Proposal(tokens, None, "draft")
+        self._read = [*context, *tokens[:-1]]  # each guess but the last went through its cache
+        return Proposal(tokens, None, "draft", sync_s)
 
 
 def auto_for(answer: Answer, curve: CostCurve, priors: Priors | None = None) -> AutoGuesser:
     """Auto as a fresh conversation builds it, with the recorded draft where there is one (greedy only: a
     sampled draft's fate depends on both distributions, which are not recorded), on these priors (None:
     the defaults)."""
-    drafters = {"draft": RecordedDraft(answer)} if answer.draft_guess and answer.temperature == 0 else {}
+    drafters = {"draft": RecordedDraft(answer, curve)} if answer.draft_guess and answer.temperature == 0 else {}
     return AutoGuesser(curve, drafters, priors=PRIORS if priors is None else {True: priors, False: priors})
 
 

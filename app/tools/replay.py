@@ -54,8 +54,9 @@ def replay_lookup(seq: Sequence[int], start: int, max_ngram: int = 3, num: int =
 
 def replay(answer: Answer, curve: CostCurve, guesser: Guesser) -> tuple[float, int]:
     """Seconds the answer takes under the guesser's choices, every step costed by the curve (as auto's own
-    account costs it: drafting, verifying, and taking back what a cache cannot drop), and steps. The guesser
-    learns as it would live, at the answer's temperature, told no step's time: its account is by the curve too."""
+    account costs it: drafting, a draft's catching up, verifying, and taking back what a cache cannot drop),
+    and steps. The guesser learns as it would live, at the answer's temperature, told no step's time: its
+    account is by the curve too."""
     seq, start = answer.seq, len(answer.prompt)
     sampling = SamplingConfig(answer.temperature, seed=0)
     rng = np.random.default_rng(0)
@@ -64,7 +65,8 @@ def replay(answer: Answer, curve: CostCurve, guesser: Guesser) -> tuple[float, i
     while i < len(seq):
         guess = guesser.propose(seq[:i], min(guesser.default_draft_length, len(seq) - i - 1), sampling, rng)
         r = accepted(guess.tokens, seq, i)
-        drafting = len(guess.tokens) * curve.token_s(guess.guesser) if guess.guesser in ("draft", "mtp") else 0.0
+        drafting = len(guess.tokens) * curve.token_s(guess.guesser) + guess.sync_s \
+            if guess.guesser in ("draft", "mtp") else 0.0
         step = curve.spent_s(len(guess.tokens), r, drafting)
         guesser.observe(len(guess.tokens), r)
         seconds += step

@@ -14,6 +14,7 @@ from specchat.decoding.policy import (
     CostCurve,
     LossAccount,
     MatchAcceptance,
+    best_drafter,
     best_k,
     best_length,
     expected_tokens,
@@ -52,6 +53,15 @@ def test_cpu_curve_rules_out_the_draft_and_gpu_curve_drafts_long():
     assert k_gpu >= 4
     # Free guesses (lookup) that land almost always are worth a long proposal even on the CPU.
     assert best_k(0.95, 16, CPU, 0.0)[0] >= 8
+
+
+def test_a_draft_left_idle_is_priced_with_its_catching_up():
+    """A draft that has not run for 30 tokens reads them in one batch before its first guess: on a laptop's
+    curve that costs more than its guesses would gain, so auto leaves it idle, where the same draft that ran
+    at the last step is sent. (Ignoring the catching up, as auto did, fails the second.)"""
+    plain = 1 / float(LAPTOP.verify(1))
+    assert best_drafter({"draft": 0.8}, {"draft": 1}, 4, LAPTOP, float("inf"), plain) is not None
+    assert best_drafter({"draft": 0.8}, {"draft": 30}, 4, LAPTOP, float("inf"), plain) is None
 
 
 def test_curve_extrapolates():

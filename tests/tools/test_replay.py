@@ -99,3 +99,21 @@ def test_the_oracle_knows_where_a_copy_starts_and_lookups_own_copy_does_not():
     assert lookup_copy(a.seq, 21) == 0 and lookup_copy(a.seq, 22) == 12  # at "8": nothing; from "9" on, all
     assert oracle(a, FLAT) == pytest.approx(float(FLAT.verify(1)) + float(FLAT.verify(14)))
     assert oracle(a, FLAT, copies=lookup_copy) == pytest.approx(2 * float(FLAT.verify(1)) + float(FLAT.verify(13)))
+
+
+def test_the_recorded_draft_catches_up_as_the_real_one_does():
+    """The replay charges a draft's catching up as the engine pays it: after prepare it reads only the last
+    token; after plain steps, each token it missed; after its own guesses, only what followed the last of
+    them that went through its cache. A planted bug (behind always 1) fails the second figure."""
+    from specchat.tools.judging import RecordedDraft
+
+    curve = CostCurve([0.01 * (1 + 0.2 * n) for n in range(16)], draft_s=0.004)
+    answer = Answer("open", "fit", 0.0, (1, 2, 3), (4, 5, 6, 7, 8, 9), (4, 5, 6, 0, 8, 9), (0.9,) * 6)
+    draft = RecordedDraft(answer, curve)
+    draft.prepare([1, 2, 3])
+    assert draft.behind([1, 2, 3]) == 1
+    assert draft.behind([1, 2, 3, 4, 5]) == 2  # two plain steps: 4 and 5 unread
+    proposal = draft.propose([1, 2, 3, 4, 5], 3, SamplingConfig(), np.random.default_rng(0))
+    assert proposal.tokens == [6, 0, 8] and proposal.sync_s == pytest.approx(curve.catch_up_s("draft", 2))
+    assert proposal.sync_s > 0
+    assert draft.behind([1, 2, 3, 4, 5, 6, 7]) == 1  # 6 held, 7 corrected the 0: only 7 to read

@@ -56,6 +56,9 @@ class Drafter(Protocol):
 
     def constrain(self, allowed: Allowed | None) -> None: ...
 
+    def behind(self, context: Sequence[int]) -> int:
+        """How many of the context's tokens it would read before its first guess (1: only the last)."""
+
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal: ...
 
@@ -100,6 +103,7 @@ class AutoGuesser(BaseGuesser):
         self.clock = Clock()
         self._timed = True
         self._since_plain = 0  # steps since the last plain one
+        self._catch_up_s = 0.0  # what the drafter sent this step was priced to take catching up (by the curve)
         for name, drafter in self.drafters.items():
             drafter.keep_going = lambda confidences, name=name: keep_drafting(
                 confidences, self.curve, self.curve.token_s(name))
@@ -153,7 +157,9 @@ class AutoGuesser(BaseGuesser):
         if self.tree_branches > 1 and offers:
             best, choice = self._tree_of(context, offers, k, best, allow) or (best, choice)
         alphas = {name: estimate.alpha for name, estimate in self.drafter_acceptance.items()}
-        drafter = best_drafter(alphas, k, self.curve, allow, best)
+        behind = {name: drafter.behind(context) for name, drafter in self.drafters.items()}
+        drafter = best_drafter(alphas, behind, k, self.curve, allow, best)
+        self._catch_up_s = self.curve.catch_up_s(drafter[0], behind[drafter[0]]) if drafter else 0.0
         if drafter is not None:
             self._last, self._tree = drafter[0], None
         if self._since_plain >= PLAIN_EVERY:  # what plain decoding costs now is measured, not assumed
@@ -197,7 +203,7 @@ class AutoGuesser(BaseGuesser):
         # The curve is the service's to keep current (from every step, whoever guessed): auto keeps its
         # account and learns acceptance here.
         name = self._last if isinstance(self._last, str) and self._last in self.drafters else None
-        draft_s = 0.0 if name is None else drafted * self.curve.token_s(name)
+        draft_s = 0.0 if name is None else drafted * self.curve.token_s(name) + self._catch_up_s
         settle_step(self.account, self.clock, self.curve, drafted, accepted, draft_s, span_s if self._timed else None)
         self._since_plain = 0 if not drafted else self._since_plain + 1
         self._learn(drafted, accepted)

@@ -42,6 +42,10 @@ class DraftGuesser(BaseGuesser):
     def constrain(self, allowed: Allowed | None) -> None:
         self.allowed = allowed
 
+    def behind(self, context: Sequence[int]) -> int:
+        """How many of the context's tokens its cache would read before its first guess (see _sync)."""
+        return len(context) - min(self.model.session.common_prefix(context), len(context) - 1)
+
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
         if k <= 0:
@@ -84,6 +88,10 @@ class MtpGuesser(BaseGuesser):
 
     def constrain(self, allowed: Allowed | None) -> None:
         self.allowed = allowed
+
+    def behind(self, context: Sequence[int]) -> int:
+        """1: its layers read the target's own state, which is always current."""
+        return 1
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
