@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -140,17 +140,22 @@ def tree_rate(branches: Sequence[np.ndarray], cost: CostCurve, max_loss: float =
     return tree_tokens(branches) / float(cost.verify(1 + nodes))
 
 
-def best_drafter(alphas: Mapping[str, float], behind: Mapping[str, int], k_max: int, cost: CostCurve,
-                 max_loss: float, best: float) -> tuple[str, int, float] | None:
-    """Of the drafting models (by name, each with its per-token acceptance, and how many committed tokens it
-    has yet to read: a draft left idle catches up before it guesses), the one whose best number of guesses
-    makes the highest rate (of equals, the first), if that beats `best`, the best other choice's: its name,
-    that number and that rate. None where none beats it."""
+def best_drafter(alphas: Mapping[str, float], behind: Callable[[str], int], k_max: int, cost: CostCurve,
+                 max_loss: float, best: float) -> tuple[str, int, float, float] | None:
+    """Of the drafting models (by name, each with its per-token acceptance), the one whose best number of
+    guesses makes the highest rate (of equals, the first), if that beats `best`, the best other choice's:
+    its name, that number, that rate and what it takes to catch up first (a draft left idle reads the
+    tokens committed since it last ran: `behind(name)` of them, asked only of a drafter that would pay
+    without). None where none beats it."""
     choice = None
     for name, alpha in alphas.items():
-        n, rate = best_k(alpha, k_max, cost, cost.token_s(name), max_loss, cost.catch_up_s(name, behind[name]))
+        draft_s = cost.token_s(name)
+        if best_k(alpha, k_max, cost, draft_s, max_loss)[1] <= best:
+            continue
+        setup_s = cost.catch_up_s(name, behind(name))
+        n, rate = best_k(alpha, k_max, cost, draft_s, max_loss, setup_s)
         if n and rate > best:
-            best, choice = rate, (name, n, rate)
+            best, choice = rate, (name, n, rate, setup_s)
     return choice
 
 

@@ -60,8 +60,8 @@ def test_a_draft_left_idle_is_priced_with_its_catching_up():
     curve that costs more than its guesses would gain, so auto leaves it idle, where the same draft that ran
     at the last step is sent. (Ignoring the catching up, as auto did, fails the second.)"""
     plain = 1 / float(LAPTOP.verify(1))
-    assert best_drafter({"draft": 0.8}, {"draft": 1}, 4, LAPTOP, float("inf"), plain) is not None
-    assert best_drafter({"draft": 0.8}, {"draft": 30}, 4, LAPTOP, float("inf"), plain) is None
+    assert best_drafter({"draft": 0.8}, lambda name: 1, 4, LAPTOP, float("inf"), plain) is not None
+    assert best_drafter({"draft": 0.8}, lambda name: 30, 4, LAPTOP, float("inf"), plain) is None
 
 
 def test_curve_extrapolates():

@@ -157,9 +157,8 @@ class AutoGuesser(BaseGuesser):
         if self.tree_branches > 1 and offers:
             best, choice = self._tree_of(context, offers, k, best, allow) or (best, choice)
         alphas = {name: estimate.alpha for name, estimate in self.drafter_acceptance.items()}
-        behind = {name: drafter.behind(context) for name, drafter in self.drafters.items()}
-        drafter = best_drafter(alphas, behind, k, self.curve, allow, best)
-        self._catch_up_s = self.curve.catch_up_s(drafter[0], behind[drafter[0]]) if drafter else 0.0
+        drafter = best_drafter(alphas, lambda name: self.drafters[name].behind(context), k, self.curve, allow, best)
+        self._catch_up_s = drafter[3] if drafter else 0.0
         if drafter is not None:
             self._last, self._tree = drafter[0], None
         if self._since_plain >= PLAIN_EVERY:  # what plain decoding costs now is measured, not assumed
