@@ -51,7 +51,11 @@ class Model:
         model = self._model.model
         self.recurrent = bool(llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
         n_batch = min(n_batch, n_ctx)  # llama.cpp asserts a batch never exceeds the context
-        self._open_context(self._context_params(n_ctx, n_batch, gpu_layers, swa_full, tree_branches))
+        try:
+            self._open_context(self._context_params(n_ctx, n_batch, gpu_layers, swa_full, tree_branches))
+        except BaseException:
+            self._model.close()  # the weights go with the context that could not be made: nothing is left held
+            raise
         self._read_back(n_batch)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._shown: set[int] = set()  # control tokens whose text is shown all the same (`show`)

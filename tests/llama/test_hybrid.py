@@ -453,15 +453,19 @@ def test_an_assistant_of_another_hidden_size_is_refused_in_one_line(files, monke
         target.close()
 
 
-def test_a_context_llama_cpp_cannot_make_is_one_line(files, monkeypatch):
+def test_a_context_llama_cpp_cannot_make_is_one_line_and_frees_the_weights(files, monkeypatch):
     def refuse(**_: object) -> None:
         raise ValueError("Failed to create llama_context")
 
+    closed: list[object] = []
+    close = llama_cpp._internals.LlamaModel.close
+    monkeypatch.setattr(llama_cpp._internals.LlamaModel, "close", lambda self: (closed.append(self), close(self))[1])
     monkeypatch.setattr(llama_cpp._internals, "LlamaContext", refuse)
     with pytest.raises(SpecchatError) as error:
         model(files["qwen35"], n_ctx=1024)
     assert str(error.value) == (f"llama.cpp could not create a 1024-token context for {files['qwen35']} "
                                 "(out of memory? try a smaller --ctx)")
+    assert len(closed) == 1  # the weights loaded before it were freed, not left to the garbage collector
 
 
 # --- the command line on a generated file ---------------------------------------------------------------
