@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -140,13 +140,21 @@ def tree_rate(branches: Sequence[np.ndarray], cost: CostCurve, max_loss: float =
     return tree_tokens(branches) / float(cost.verify(1 + nodes))
 
 
+class Drafting(NamedTuple):
+    """A drafter chosen for this step: how many guesses, the rate they make, and what catching up costs first."""
+
+    name: str
+    n: int
+    rate: float
+    catch_up_s: float
+
+
 def best_drafter(alphas: Mapping[str, float], behind: Callable[[str], int], k_max: int, cost: CostCurve,
-                 max_loss: float, best: float) -> tuple[str, int, float, float] | None:
+                 max_loss: float, best: float) -> Drafting | None:
     """Of the drafting models (by name, each with its per-token acceptance), the one whose best number of
-    guesses makes the highest rate (of equals, the first), if that beats `best`, the best other choice's:
-    its name, that number, that rate and what it takes to catch up first (a draft left idle reads the
-    tokens committed since it last ran: `behind(name)` of them, asked only of a drafter that would pay
-    without). None where none beats it."""
+    guesses makes the highest rate (of equals, the first), if that beats `best`, the best other choice's.
+    A draft left idle reads the tokens committed since it last ran before it guesses: `behind(name)` of them,
+    asked only of a drafter that would pay without. None where none beats it."""
     choice = None
     for name, alpha in alphas.items():
         draft_s = cost.token_s(name)
@@ -155,7 +163,7 @@ def best_drafter(alphas: Mapping[str, float], behind: Callable[[str], int], k_ma
         setup_s = cost.catch_up_s(name, behind(name))
         n, rate = best_k(alpha, k_max, cost, draft_s, max_loss, setup_s)
         if n and rate > best:
-            best, choice = rate, (name, n, rate, setup_s)
+            best, choice = rate, Drafting(name, n, rate, setup_s)
     return choice
 
 

@@ -94,6 +94,13 @@ class Follower(Protocol):
         """The session now holds its first n positions only."""
 
 
+def reusable(held: Sequence[int], tokens: Sequence[int]) -> int:
+    """How much of a cache holding `held` serves `tokens`: their common prefix, short of the last token,
+    which is decoded again for the logits after it."""
+    same = next((i for i, (a, b) in enumerate(zip(held, tokens)) if a != b), min(len(held), len(tokens)))
+    return min(same, len(tokens) - 1)
+
+
 class Session:
     """The cache of a model's context, with the list of tokens it holds."""
 
@@ -121,19 +128,15 @@ class Session:
             self._batch = None
         self._checkpoints, self._step = [], None
 
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.tokens, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
+    def reusable(self, tokens: Sequence[int]) -> int:
+        """How much of this cache serves `tokens` (see `reusable`)."""
+        return reusable(self.tokens, tokens)
 
     def prefill(self, tokens: Sequence[int]) -> int:
         """Make the cache hold exactly tokens[:-1], reusing the longest prefix it already holds;
         the last token stays pending, for the step that asks for its logits. Returns how many
         tokens were reused."""
-        cached = min(self.common_prefix(tokens), len(tokens) - 1)
+        cached = self.reusable(tokens)
         self.rewind(cached)
         if len(tokens) - 1 > cached:
             # Where the next turn, a regenerated answer or an edited message comes back to: this turn's

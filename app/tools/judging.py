@@ -12,6 +12,7 @@ import numpy as np
 from specchat.decoding.guessers import AutoGuesser, BaseGuesser, Proposal
 from specchat.decoding.policy import PRIORS, CostCurve, Priors
 from specchat.decoding.sampling import SamplingConfig
+from specchat.llama.session import reusable
 from specchat.tools.recorded import Answer
 from specchat.tools.replay import oracle, replay
 
@@ -34,8 +35,7 @@ class RecordedDraft(BaseGuesser):
         self._read = list(context)
 
     def behind(self, context: Sequence[int]) -> int:
-        same = next((i for i, (a, b) in enumerate(zip(self._read, context)) if a != b), min(len(self._read), len(context)))
-        return len(context) - min(same, len(context) - 1)
+        return len(context) - reusable(self._read, context)
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:

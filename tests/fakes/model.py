@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from specchat.decoding.verify import Tree
-from specchat.llama.session import Memory, is_chain
+from specchat.llama.session import Memory, is_chain, reusable
 
 # A chat format in the shape of ChatML: what a real instruct model's template renders.
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -28,11 +28,11 @@ class ScriptedSession:
         self.memory = model.memory
         self.decoded = 0  # positions evaluated in all, prompt included: what reusing the cache saves
 
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        return next((i for i, (a, b) in enumerate(zip(self.tokens, tokens)) if a != b), min(len(self.tokens), len(tokens)))
+    def reusable(self, tokens: Sequence[int]) -> int:
+        return reusable(self.tokens, tokens)
 
     def prefill(self, tokens: Sequence[int]) -> int:
-        cached = min(self.common_prefix(tokens), len(tokens) - 1)
+        cached = self.reusable(tokens)
         self.rewind(cached)
         self.decoded += len(tokens) - 1 - len(self.tokens)
         self.tokens.extend(tokens[len(self.tokens):-1])

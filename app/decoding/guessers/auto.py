@@ -158,14 +158,14 @@ class AutoGuesser(BaseGuesser):
             best, choice = self._tree_of(context, offers, k, best, allow) or (best, choice)
         alphas = {name: estimate.alpha for name, estimate in self.drafter_acceptance.items()}
         drafter = best_drafter(alphas, lambda name: self.drafters[name].behind(context), k, self.curve, allow, best)
-        self._catch_up_s = drafter[3] if drafter else 0.0
+        self._catch_up_s = drafter.catch_up_s if drafter else 0.0
         if drafter is not None:
-            self._last, self._tree = drafter[0], None
+            self._last, self._tree = drafter.name, None
         if self._since_plain >= PLAIN_EVERY:  # what plain decoding costs now is measured, not assumed
             choice, drafter, self._last, self._tree = Proposal.empty(), None, "none", None
         sent = {copy for copy, _, _ in self._tree.branches} if self._tree is not None else {self._last}
         self._unsent = Unsent(len(context), tuple(copy for copy in found if copy.copy not in sent))
-        return self.drafters[drafter[0]].propose(context, drafter[1], sampling, rng) if drafter else choice
+        return self.drafters[drafter.name].propose(context, drafter.n, sampling, rng) if drafter else choice
 
     def _tree_of(self, context: Sequence[int], offers: list[Offer], k: int, best: float,
                  allow: float) -> tuple[float, Proposal] | None:

@@ -44,7 +44,7 @@ class DraftGuesser(BaseGuesser):
 
     def behind(self, context: Sequence[int]) -> int:
         """How many of the context's tokens its cache would read before its first guess (see _sync)."""
-        return len(context) - min(self.model.session.common_prefix(context), len(context) - 1)
+        return len(context) - self.model.session.reusable(context)
 
     def propose(self, context: Sequence[int], k: int, sampling: SamplingConfig,
                 rng: np.random.Generator) -> Proposal:
@@ -64,8 +64,7 @@ class DraftGuesser(BaseGuesser):
         """Bring the cache to exactly `context` and return the logits after its last token. `lasting`
         (a prompt): keep the state before the last token, where a regenerated answer comes back to."""
         session = self.model.session
-        # Re-evaluate at least the last token: its logits are what the first guess needs.
-        keep = min(session.common_prefix(context), len(context) - 1)
+        keep = session.reusable(context)  # at least the last token goes in again: the first guess needs its logits
         session.rewind(keep)
         if lasting and len(context) - 1 > keep:
             session.decode(context[keep:-1], "none")
