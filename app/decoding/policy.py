@@ -11,6 +11,7 @@ rejection restoring it and decoding the accepted tokens again (`Rollback`).
 from __future__ import annotations
 
 import bisect
+import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, NamedTuple, Sequence
@@ -48,6 +49,9 @@ class CostCurve:
     rollback: Rollback | None = None  # None: the cache drops positions for free
 
     def verify(self, n: np.ndarray | int) -> np.ndarray:
+        if type(n) is int and 1 <= n <= len(self.verify_s):
+            # Auto asks this several times a step: at 30 tok/s numpy's path would be a percent of each.
+            return np.float64(self.verify_s[n - 1])
         n = np.asarray(n)
         table = np.asarray(self.verify_s)
         last = len(table)
@@ -336,14 +340,12 @@ class Clock:
 
     def __init__(self, size: int = 16) -> None:
         self._ratios: deque[float] = deque(maxlen=size)
+        self.ratio = 1.0
 
     def plain(self, span_s: float, curve_s: float) -> None:
         """A plain step that took span_s where the curve says curve_s."""
         self._ratios.append(span_s / curve_s)
-
-    @property
-    def ratio(self) -> float:
-        return float(np.median(self._ratios)) if self._ratios else 1.0
+        self.ratio = statistics.median(self._ratios)
 
 
 def step_allowance(account: LossAccount, cost: CostCurve, ratio: float) -> float:
