@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import tomllib
 import venv
 from contextlib import contextmanager
@@ -398,3 +399,59 @@ def test_the_walk_from_pair_to_the_engine_goes_down_and_enters_each_module_once(
                      "specchat.llama.model", "specchat.llama.vocab", "specchat.service.chat", "specchat.llama.template",
                      "specchat.decoding.guessers.registry", "specchat.decoding.guessers.auto",
                      "specchat.decoding.engine"})
+
+
+@pytest.mark.real
+async def test_the_apps_send_goes_down_and_enters_each_module_once(smol_path, tmp_path):
+    """The real app, a message typed and sent, traced from Enter until the answer is stored: on the UI thread
+    (the screen, its answers, the conversation's controller and the store) and on the worker thread that streams
+    the answer (the pump, the backend, the engine). The same checks as generate's: the UI may call the service,
+    never the service or decoding the UI, except through what the UI hands down (a callback, a message posted to
+    it: Textual dispatches those, so no specchat frame calls the handler)."""
+    from specchat.service.choices import ModelChoice
+    from specchat.service.settings import Settings, save_settings
+    from specchat.store.conversations import Store
+    from specchat.ui.app import SpecchatApp
+
+    config = tmp_path / "config.toml"
+    save_settings(Settings(temperature=0.0, max_tokens=6, guesser="auto"), config)
+    app = SpecchatApp(ModelChoice(pair="smollm2-self", n_ctx=1024), store=Store(tmp_path / "chat.db"),
+                      settings_path=config)
+
+    def untraced(condition) -> bool:
+        """The test's own look at the app (app.generating, the store) is not the app's walk: this thread's hook
+        is off while it looks (the worker's stays on)."""
+        hook = sys.getprofile()
+        sys.setprofile(None)
+        try:
+            return condition()
+        finally:
+            sys.setprofile(hook)
+
+    async def until(pilot, condition, what: str, timeout: float = 120.0) -> None:
+        end = time.monotonic() + timeout
+        while not untraced(condition):
+            assert time.monotonic() < end, f"timed out waiting for {what}"
+            await pilot.pause(0.05)
+
+    def answered() -> bool:
+        messages = app.store.messages(app.conversation_id) if app.conversation_id is not None else []
+        return not app.generating and len(messages) == 2 and messages[-1].status == "complete"
+
+    # Loading (and measuring the cost curve, on a machine that never did) is not the send: the trace is on only
+    # from Enter on, but set up before the app starts any worker thread.
+    with traced(on=False) as trace:
+        async with app.run_test(headless=True, size=(120, 36)) as pilot:
+            await until(pilot, lambda: app.ready, "the models to load", timeout=300.0)
+            app.query_one("#input").text = "Say hello."
+            trace.on = True
+            await pilot.press("enter")
+            await until(pilot, answered, "the answer to be stored")
+            trace.on = False
+    # The UI thread's part (the screen, its answers, the transcript, the controller, the store) and the worker's
+    # (the pump, the backend, the engine and auto, the model). The App's own module is not on the way: a send
+    # never needs it, unless the answer fails.
+    trace.check({"specchat.ui.chat", "specchat.ui.answers", "specchat.ui.transcript", "specchat.ui.widgets",
+                 "specchat.service.conversation", "specchat.store.conversations", "specchat.ui.streaming",
+                 "specchat.service.local", "specchat.service.chat", "specchat.decoding.engine",
+                 "specchat.decoding.guessers.auto", "specchat.llama.model"})
