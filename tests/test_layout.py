@@ -6,9 +6,13 @@ import ast
 import os
 import subprocess
 import sys
+import threading
+import time
 import tomllib
 import venv
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import platformdirs
 import pytest
@@ -294,6 +298,19 @@ def _stack_modules(frame) -> list[str]:
     return found[::-1]
 
 
+def _entries(frame) -> list[str]:
+    """What `_stack_modules` names, as the function through which each module was entered: 'module.qualname'."""
+    found: list[tuple[str, str]] = []
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith("specchat."):
+            if found and found[-1][0] == name:
+                found.pop()  # a run of one module: named by its outermost frame, the one that entered it
+            found.append((name, f"{name}.{frame.f_code.co_qualname}"))
+        frame = frame.f_back
+    return [call for _, call in found[::-1]]
+
+
 def _upward(frame) -> str | None:
     """The call that this frame's function received, if it came from a layer that may not use the callee's:
     decoding calling a service method, say. A callback the upper layer handed down (a lambda or a nested
@@ -311,6 +328,56 @@ def _upward(frame) -> str | None:
            f"{frame.f_globals['__name__']}.{frame.f_code.co_qualname}"
 
 
+class Trace:
+    """Every call into specchat while `on`: the modules in the order first entered (`walk`), the stacks that
+    hold a module twice, and the calls that go up a layer (a few of each, enough to say what went wrong)."""
+
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
+        self.walk: list[str] = []
+        self.twice: list[str] = []
+        self.upward: list[str] = []
+
+    def profile(self, frame, event, arg) -> None:
+        if not self.on or event != "call" or not frame.f_globals.get("__name__", "").startswith("specchat."):
+            return
+        stack = _stack_modules(frame)
+        # The stack's outer modules were entered first; the walk keeps that order.
+        self.walk += [name for name in stack if name not in self.walk]
+        # Each different way once, and a few of them: enough to say what went wrong.
+        if len(set(stack)) < len(stack) and len(self.twice) < 8:
+            calls = " -> ".join(_entries(frame))
+            self.twice += [calls] if calls not in self.twice else []
+        up = _upward(frame)
+        if up is not None and len(self.upward) < 8 and up not in self.upward:
+            self.upward.append(up)
+
+    def check(self, expected: set[str]) -> None:
+        """Assert that no module was twice on a stack, no call went up, and each module `expected` was entered."""
+        print("\nthe walk:", " -> ".join(name.removeprefix("specchat.") for name in self.walk))
+        # Every kind of problem in one message: a fix for one should not hide what else is wrong.
+        problems = [f"{what}:\n  " + "\n  ".join(found) for what, found in (
+            ("a module entered twice on one call stack", self.twice), ("calls that go up a layer", self.upward),
+            ("modules the trace missed", sorted(expected - set(self.walk)))) if found]
+        assert problems == [], "\n".join(problems)
+
+
+@contextmanager
+def traced(on: bool = True) -> Iterator[Trace]:
+    """Trace this thread, and every thread started from here on (the app's workers: Textual runs them in an
+    executor's threads, which may be started before the part of interest, so a test that starts the app inside
+    passes on=False and turns the trace on for what it means to see)."""
+    trace = Trace(on)
+    threading.setprofile(trace.profile)
+    sys.setprofile(trace.profile)
+    try:
+        yield trace
+    finally:
+        trace.on = False  # a worker thread that outlives the block keeps the hook, which now does nothing
+        sys.setprofile(None)
+        threading.setprofile(None)
+
+
 @pytest.mark.real
 def test_the_walk_from_pair_to_the_engine_goes_down_and_enters_each_module_once(smol_path, capsys):
     """A real `specchat generate --pair`, traced: at every call into specchat, no module is on the stack
@@ -319,35 +386,72 @@ def test_the_walk_from_pair_to_the_engine_goes_down_and_enters_each_module_once(
     imports, which may be lazy or typed."""
     from specchat import cli
 
-    seen: set[str] = set()
-    twice: list[list[str]] = []
-    upward: list[str] = []
-
-    def profile(frame, event, arg) -> None:
-        if event != "call" or not frame.f_globals.get("__name__", "").startswith("specchat."):
-            return
-        stack = _stack_modules(frame)
-        seen.update(stack)
-        if len(set(stack)) < len(stack) and len(twice) < 5:
-            twice.append(stack)
-        up = _upward(frame)
-        if up is not None and len(upward) < 5:
-            upward.append(up)
-
     args = ["generate", "Say hello.", "--pair", "smollm2-self", "--max-tokens", "6", "--guesser", "auto"]
     # Once untraced, so that the pair's cost curve is cached: on a machine that never measured it, the
     # measurement's progress lines call back up into cli and local, as callbacks handed down do by design.
     assert cli.main(args) == 0, capsys.readouterr().err
-    sys.setprofile(profile)
-    try:
+    with traced() as trace:
         code = cli.main(args)
-    finally:
-        sys.setprofile(None)
     assert code == 0, capsys.readouterr().err
-    assert twice == [], "a module entered twice on one call stack:\n" + "\n".join(" -> ".join(s) for s in twice)
-    assert upward == [], "calls that go up a layer:\n" + "\n".join(upward)
-    walk = {"specchat.cli", "specchat.service.choices", "specchat.service.local", "specchat.service.loader",
-            "specchat.service.pair", "specchat.models.catalog", "specchat.models.fetch", "specchat.llama.model",
-            "specchat.llama.vocab", "specchat.service.chat", "specchat.llama.template",
-            "specchat.decoding.guessers.registry", "specchat.decoding.guessers.auto", "specchat.decoding.engine"}
-    assert walk <= seen, f"the trace missed {sorted(walk - seen)}"
+    with capsys.disabled():
+        trace.check({"specchat.cli", "specchat.service.choices", "specchat.service.local", "specchat.service.loader",
+                     "specchat.service.pair", "specchat.models.catalog", "specchat.models.fetch",
+                     "specchat.llama.model", "specchat.llama.vocab", "specchat.service.chat", "specchat.llama.template",
+                     "specchat.decoding.guessers.registry", "specchat.decoding.guessers.auto",
+                     "specchat.decoding.engine"})
+
+
+@pytest.mark.real
+async def test_the_apps_send_goes_down_and_enters_each_module_once(smol_path, tmp_path):
+    """The real app, a message typed and sent, traced from Enter until the answer is stored: on the UI thread
+    (the screen, its answers, the conversation's controller and the store) and on the worker thread that streams
+    the answer (the pump, the backend, the engine). The same checks as generate's: the UI may call the service,
+    never the service or decoding the UI, except through what the UI hands down (a callback, a message posted to
+    it: Textual dispatches those, so no specchat frame calls the handler)."""
+    from specchat.service.choices import ModelChoice
+    from specchat.service.settings import Settings, save_settings
+    from specchat.store.conversations import Store
+    from specchat.ui.app import SpecchatApp
+
+    config = tmp_path / "config.toml"
+    save_settings(Settings(temperature=0.0, max_tokens=6, guesser="auto"), config)
+    app = SpecchatApp(ModelChoice(pair="smollm2-self", n_ctx=1024), store=Store(tmp_path / "chat.db"),
+                      settings_path=config)
+
+    def untraced(condition) -> bool:
+        """The test's own look at the app (app.generating, the store) is not the app's walk: this thread's hook
+        is off while it looks (the worker's stays on)."""
+        hook = sys.getprofile()
+        sys.setprofile(None)
+        try:
+            return condition()
+        finally:
+            sys.setprofile(hook)
+
+    async def until(pilot, condition, what: str, timeout: float = 120.0) -> None:
+        end = time.monotonic() + timeout
+        while not untraced(condition):
+            assert time.monotonic() < end, f"timed out waiting for {what}"
+            await pilot.pause(0.05)
+
+    def answered() -> bool:
+        messages = app.store.messages(app.conversation_id) if app.conversation_id is not None else []
+        return not app.generating and len(messages) == 2 and messages[-1].status == "complete"
+
+    # Loading (and measuring the cost curve, on a machine that never did) is not the send: the trace is on only
+    # from Enter on, but set up before the app starts any worker thread.
+    with traced(on=False) as trace:
+        async with app.run_test(headless=True, size=(120, 36)) as pilot:
+            await until(pilot, lambda: app.ready, "the models to load", timeout=300.0)
+            app.query_one("#input").text = "Say hello."
+            trace.on = True
+            await pilot.press("enter")
+            await until(pilot, answered, "the answer to be stored")
+            trace.on = False
+    # The UI thread's part (the screen, its answers, the transcript, the controller, the store) and the worker's
+    # (the pump, the backend, the engine and auto, the model). The App's own module is not on the way: a send
+    # never needs it, unless the answer fails.
+    trace.check({"specchat.ui.chat", "specchat.ui.answers", "specchat.ui.transcript", "specchat.ui.widgets",
+                 "specchat.service.conversation", "specchat.store.conversations", "specchat.ui.streaming",
+                 "specchat.service.local", "specchat.service.chat", "specchat.decoding.engine",
+                 "specchat.decoding.guessers.auto", "specchat.llama.model"})

@@ -26,27 +26,40 @@ from specchat.ui.streaming import GenerationBatch, Pump
 from specchat.ui.widgets import MessageView, StatsPanel, ToolView, call_line
 
 if TYPE_CHECKING:
+    from specchat.ui.app import SpecchatApp
     from specchat.ui.chat import ChatScreen
 
 CONTEXT_WARNING = 0.8  # share of the context after which the meter warns that old turns will be left out
 
 
 class Answers:
-    """The answers of the chat screen's conversation, one generation at a time (the screen's `busy` says one runs)."""
+    """The answers of the chat screen's conversation, one generation at a time (the screen's `busy` says one runs,
+    and the screen sets it: it starts the generation and hears of its end).
+
+    The screen calls in here, and what is here uses Textual's methods and the screen's widgets, not the screen's own
+    methods (its `chat_app`, `status`, `busy`'s watcher): calling them back would enter ui.chat twice on one stack,
+    the two modules one role split in two (tests/test_layout.py traces a send and checks). One call back is left,
+    off that path: `open`, after a failed regenerate."""
 
     def __init__(self, screen: ChatScreen) -> None:
         self.screen = screen
         self.thinking_noticed = False  # the thinking setting was said not to apply to this model
         self._answer: tuple[MessageView, list[str]] | None = None  # the streaming answer's view, its notices
 
+    @property
+    def app(self) -> SpecchatApp:
+        return self.screen.app  # type: ignore[return-value]
+
+    def _status(self, text: str) -> None:
+        self.screen.query_one("#status", Static).update(text)
+
     async def start(self) -> None:
         """Answer the conversation as it stands: its view first, then the generation, in a worker."""
-        screen, app = self.screen, self.screen.chat_app
+        screen, app = self.screen, self.app
         assert screen.conversation is not None and app.backend is not None
-        screen.busy = True
         self.reset_stats()
         server = app.backend.server
-        screen.status(f"generating on {server}… (Esc stops)" if server else
+        self._status(f"generating on {server}… (Esc stops)" if server else
                       f"generating with {app.settings.guesser}… (Esc stops)")
         messages = screen.conversation.prompt_messages(app.settings.system_prompt)
         marked = screen.conversation.server
@@ -59,7 +72,7 @@ class Answers:
 
     async def _begin(self) -> None:
         """A view for the next answer, and the answer stored before its first token."""
-        app, conversation = self.screen.chat_app, self.screen.conversation
+        app, conversation = self.app, self.screen.conversation
         assert conversation is not None and app.backend is not None
         view = await self.screen.transcript.begin_answer()
         stored = conversation.begin_answer(app.backend.name, app.backend.server)
@@ -69,9 +82,9 @@ class Answers:
 
     def _generate(self, messages: list[Message], think: bool | None, tools: ToolChoice | None) -> None:
         """The generation, in the worker thread: its events go to the screen in batches."""
-        screen, settings = self.screen, self.screen.chat_app.settings
-        assert screen.chat_app.backend is not None
-        backend, config = screen.chat_app.backend, generation(settings)
+        screen, settings = self.screen, self.app.settings
+        assert self.app.backend is not None
+        backend, config = self.app.backend, generation(settings)
 
         def answer(conversation: Sequence[Message], offered: list[dict[str, Any]] | None,
                    choice: str = "auto") -> Iterator[BackendEvent]:
@@ -106,13 +119,13 @@ class Answers:
             done = batch.done
             stats.finish(done)
             # A stopped answer is kept, marked as such, so nothing the user saw is lost.
-            summary = conversation.finish(done, screen.chat_app.settings.guesser, notices)
+            summary = conversation.finish(done, self.app.settings.guesser, notices)
             status = "stopped" if done.reason == "cancelled" else "complete"
             await view.finish(done.text, summary, status, done.thinking,
                               thinking_line(done) if done.thinking_tokens else "")
-            source = f"guesser {screen.chat_app.settings.guesser}" if done.figures == ENGINE_FIGURES else \
+            source = f"guesser {self.app.settings.guesser}" if done.figures == ENGINE_FIGURES else \
                 f"figures: {done.figures}"
-            screen.status(f"{'stopped' if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates" if batch.last
+            self._status(f"{'stopped' if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates" if batch.last
                           else f"{len(done.calls)} tool call{'s' if len(done.calls) != 1 else ''}… (Esc stops)")
             self.show_context(done.stats.n_prompt + done.stats.n_tokens)
             self._answer = None
@@ -138,31 +151,30 @@ class Answers:
                 screen.notify(f"The answer reached the bound of {event.rounds} rounds of tool calls: it answers "
                               "without tools now (Settings: tool rounds)", severity="warning", timeout=10)
         if batch.error is not None:
-            screen.chat_app.fail(batch.error)
+            self.app.fail(batch.error)
         if batch.last:
             self._answer = None
             screen.transcript.answer_ended()
-            screen.busy = False
 
     # --- the figures around the answers -------------------------------------------------------
 
     def reset_stats(self) -> None:
         """Clear the panel for the next answer (or a new backend). A server runs the guesser it is asked
         for, if it can; the panel says so."""
-        backend = self.screen.chat_app.backend
+        backend = self.app.backend
         if backend is None:
             return
         self.screen.query_one(StatsPanel).reset(backend.name, backend.baseline(), self.guesser_label())
 
     def guesser_label(self) -> str:
         """The guesser setting as the backend takes it: what runs, or what a server is asked to run."""
-        backend, guesser = self.screen.chat_app.backend, self.screen.chat_app.settings.guesser
+        backend, guesser = self.app.backend, self.app.settings.guesser
         return f"{guesser} (asked)" if backend is not None and backend.guesser_asked else guesser
 
     def think(self) -> bool | None:
         """The thinking setting, where the model's template has a switch for it (elsewhere, the model's
         own default: the setting is kept, and a notice says so once)."""
-        app = self.screen.chat_app
+        app = self.app
         think, instead = choices.thinking(None, app.settings, app.backend.thinking_switch if app.backend else None)
         if instead is not None and not self.thinking_noticed:
             self.thinking_noticed = True
@@ -172,7 +184,7 @@ class Answers:
     def show_context(self, used: int | None) -> None:
         """Tokens used out of the context: exact after an answer (its prompt plus the answer),
         estimated from the messages' text when a conversation is opened."""
-        app, conversation = self.screen.chat_app, self.screen.conversation
+        app, conversation = self.app, self.screen.conversation
         backend, meter = app.backend, self.screen.query_one("#context-meter", Static)
         if backend is None or not app.ready:
             meter.update("")

@@ -249,6 +249,8 @@ class ChatScreen(Screen[None]):
             await self.answers.show(batch)
         finally:
             batch.handled()
+        if batch.last:  # the generation ended (or failed): set here, as the screen set it when it began
+            self.busy = False
 
     # --- actions --------------------------------------------------------------------------
 
