@@ -1,7 +1,8 @@
-"""The engine's events, the one stream the UI, the CLI, the server and the benchmarks all consume: a
-Prefill when the prompt is in, a Step per target step (its tokens, where each came from, and what the
-guess cost and gained), and a Done with the answer and its figures. Frozen: a consumer cannot change
-what another sees. The conversation service adds its own (`specchat.service.events`).
+"""The engine's events, what the engine knows of an answer: a Prefill when the prompt is in, a Step per
+target step (its tokens, where each came from, and what the guess cost and gained), and a Done with the
+answer and its figures. Frozen: a consumer cannot change what another sees. The conversation service
+passes each Step and Done on as its own, with what it learns beside (`specchat.service.events`): that is
+the one stream the UI, the CLI, the server and the benchmarks consume.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ import enum
 import functools
 from dataclasses import astuple, dataclass
 from typing import Iterable, Union
-
-from specchat.llama.template import ToolCall
 
 
 class Source(enum.Enum):
@@ -59,12 +58,6 @@ class Step:
     # everything between steps (the engine's own work, whoever reads the events), so that the steps' spans
     # add up to `Stats.wall_s`, the time behind the tok/s a user sees. 0: not measured (a step made up).
     span_s: float = 0.0
-    # A reasoning model's thinking among the released text: the conversation service splits it out, and
-    # `text` is then the answer's part alone.
-    thinking: str = ""
-    # The tool calls this step finished, where the answer was asked with tools: the conversation service
-    # splits them out of the text, which keeps what is not a call.
-    calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -147,8 +140,6 @@ class Stats:
 
 
 ENGINE_FIGURES = "engine"  # Done.figures when the stats are the engine's own count of its steps
-BUSY_SLOWDOWN = 1.5  # steps this much slower than the machine's curve: something else was running
-BUSY_CONTENTION = 0.25  # or other programs took this many of the cores llama.cpp's threads needed
 
 
 @dataclass(frozen=True)
@@ -158,41 +149,6 @@ class Done:
     token_ids: tuple[int, ...]  # every generated token, the end-of-generation token included
     stats: Stats
     figures: str = ENGINE_FIGURES  # where `stats` come from (a server reports its own, or only a stream)
-    # One plain step's seconds under the same conditions (0: not known), how much slower than usual the
-    # steps ran, and the cores other programs took meanwhile (the conversation service fills them in: the
-    # engine does not know the machine).
-    plain_s: float = 0.0
-    slowdown: float = 1.0
-    contention: float = 0.0
-    # A reasoning model's thinking, split out of `text` by the conversation service, and the tokens and
-    # decode seconds it took (which `stats` count too: they count every token the model decoded).
-    thinking: str = ""
-    thinking_tokens: int = 0
-    thinking_s: float = 0.0
-    # The answer's tool calls, split out of `text` by the conversation service (asked with tools), or read from a
-    # server's `tool_calls` by the remote backend.
-    calls: tuple[ToolCall, ...] = ()
-
-    @property
-    def thinking_tokens_per_s(self) -> float:
-        return self.thinking_tokens / self.thinking_s if self.thinking_s > 0 else 0.0
-
-    @property
-    def speedup(self) -> float | None:
-        """Against plain decoding under the same conditions (`Stats.speedup`)."""
-        return self.stats.speedup(self.plain_s)
-
-    @property
-    def busy(self) -> bool:
-        """The machine was busy during the answer: its figures say more about the machine than the answer."""
-        return self.slowdown > BUSY_SLOWDOWN or self.contention > BUSY_CONTENTION
-
-    @property
-    def busy_why(self) -> str:
-        """Why the answer counts as busy, in words ("" where it does not)."""
-        if self.contention > BUSY_CONTENTION:
-            return f"other programs took {self.contention:.1f} of the cores it needed"
-        return f"steps {self.slowdown:.1f}x slower than usual" if self.busy else ""
 
 
 Event = Union[Prefill, Step, Done]

@@ -2,8 +2,8 @@
 makes no calls or the bound on rounds is reached.
 
 It is a pure function of what it is given: a function that answers a conversation (streaming events, the last
-of which ends it with its `reason` and `calls`: the engine's Done, or any object with those attributes), a function that runs one
-call (McpClient.call, or a fake), and a function that asks the user about each call. So the app, `specchat
+of which ends it with its `reason` and `calls`: the service's Answered, or any object with those attributes), a
+function that runs one call (McpClient.call, or a fake), and a function that asks the user about each call. So the app, `specchat
 generate --tools` and the tests run the same loop over a real model, a server, or a script.
 
 Every call an answer makes gets a `tool` message, whatever happens to it: its result, the line saying it

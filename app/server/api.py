@@ -20,6 +20,7 @@ from specchat.decoding.guessers import GUESSERS
 from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message, ToolCall
+from specchat.service.events import Answered
 
 MAX_STOPS = 16  # OpenAI allows 4; llama-server any number. Each is searched for at every step.
 FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context_full": "length", "cancelled": "stop",
@@ -230,7 +231,7 @@ def usage(stats: Stats) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": stats.cached}}
 
 
-def timings(done: Done) -> dict[str, Any]:
+def timings(done: Answered) -> dict[str, Any]:
     """llama-server's `timings` object. prompt_n counts the prompt tokens evaluated now, cache_n those
     reused from the KV cache; predicted_ms is the engine's decode time (draft plus verify). specchat
     adds the speedup against plain decoding under the same conditions (capped at the tokens per step;

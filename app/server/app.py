@@ -39,7 +39,7 @@ from specchat.server.api import (
 )
 from specchat.server.worker import END, Busy, Failed, Worker
 from specchat.service.chat import ChatService
-from specchat.service.events import ChatEvent, Notice
+from specchat.service.events import Answered, ChatEvent, Notice, Said
 from specchat.service.toolsplit import check_tools
 
 log = logging.getLogger("specchat.server")
@@ -121,8 +121,8 @@ def _first_call_only(events: Iterator[ChatEvent]) -> Iterator[ChatEvent]:
     """parallel_tool_calls false: an answer's first call, and none after it (their text is not content either)."""
     seen = 0
     for event in events:
-        if isinstance(event, (Step, Done)) and event.calls:
-            keep = event.calls[:1] if isinstance(event, Done) else event.calls[:max(0, 1 - seen)]
+        if isinstance(event, (Said, Answered)) and event.calls:
+            keep = event.calls[:1] if isinstance(event, Answered) else event.calls[:max(0, 1 - seen)]
             seen += len(keep)
             event = replace(event, calls=keep)
         yield event
@@ -157,7 +157,7 @@ class _Shape:
             choice["message"] = {"role": "assistant", "content": text or None if calls else text} | reasoning | called
         return choice
 
-    def whole(self, done: Done, notices: list[str]) -> dict[str, Any]:
+    def whole(self, done: Answered, notices: list[str]) -> dict[str, Any]:
         choice = self._choice(done.text, finish_reason(done), stream=False, thinking=done.thinking,
                               calls=tool_calls(done.calls))
         return self._envelope([choice], stream=False) | {"usage": usage(done.stats), "timings": timings(done)} | (
@@ -173,12 +173,12 @@ class _Shape:
         return self._envelope([self._choice(None, None, stream=True, calls=tool_calls(calls, first, stream=True))],
                               stream=True)
 
-    def last(self, done: Done, notices: list[str]) -> dict[str, Any]:
+    def last(self, done: Answered, notices: list[str]) -> dict[str, Any]:
         # llama-server puts `timings` in the final chunk; so the chunk with finish_reason carries it.
         return self._envelope([self._choice(None, finish_reason(done), stream=True)], stream=True) | {
             "timings": timings(done)} | _notices(notices)
 
-    def usage(self, done: Done) -> dict[str, Any]:
+    def usage(self, done: Answered) -> dict[str, Any]:
         # As OpenAI does with stream_options.include_usage: one more chunk, with no choices.
         return self._envelope([], stream=True) | {"usage": usage(done.stats), "timings": timings(done)}
 
@@ -212,7 +212,7 @@ async def _respond(request: Request, worker: Worker, work: Callable[[threading.E
 
 
 async def _until_done(next_item: Callable[[], Awaitable[Any]],
-                      prompt_field: str) -> tuple[Done, list[str]] | Response:
+                      prompt_field: str) -> tuple[Answered, list[str]] | Response:
     """The answer's Done and what the service said about it (its Notices), or the failure's response."""
     notices: list[str] = []
     while True:

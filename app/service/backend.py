@@ -1,9 +1,9 @@
 """What the app talks to: one protocol for this machine's models and for a server on another.
 
-A backend streams what it knows. The local one yields the engine's own events: a Prefill, a Step per
-target step (its tokens and their provenance), and a Done whose figures are the engine's. A remote
-one knows only the text as it arrives (a Chunk each) and whatever figures the server reports, which
-its Done carries, saying where they come from. The UI draws whatever arrives and never asks which
+A backend streams what it knows. The local one yields the engine's own events as the service passes them
+on: a Prefill, a Said per target step (its tokens and their provenance), and an Answered whose figures
+are the engine's. A remote one knows only the text as it arrives (a Chunk each) and whatever figures the
+server reports, which its Answered carries, saying where they come from. The UI draws whatever arrives and never asks which
 backend it has. Both are made by `open_backend` (`specchat.service.local`); tests give the app a scripted
 fake instead.
 """

@@ -21,7 +21,7 @@ from specchat.errors import SpecchatError
 from specchat.llama.template import ChatPrompter, Message
 from specchat.llama.toolcalls import ToolFormat, format_of
 from specchat.service.costs import machine_turns
-from specchat.service.events import ChatEvent, Notice
+from specchat.service.events import Answered, ChatEvent, Notice, Said
 from specchat.service.history import History
 from specchat.service.pair import LoadedPair
 from specchat.service.reasoning import Reasoning, reasoning_of
@@ -145,7 +145,7 @@ class ChatService:
         return self._reasonings[key]
 
     def complete(self, prompt: str | Sequence[int], config: GenerationConfig, guesser: str,
-                 cancel: threading.Event | None = None) -> Iterator[Event]:
+                 cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         """Continue raw text or token ids, with no chat template (base models, /v1/completions)."""
         if isinstance(prompt, str):
             tokens = self.target.tokenize(prompt, add_bos=self.target.add_bos)
@@ -182,7 +182,7 @@ class ChatService:
         for line in turns.wait(cancel):
             yield Notice(line)
         if not turns.has:  # stopped while it waited for another process's answer
-            yield Done("cancelled", "", (), Stats(n_prompt=len(prompt)))
+            yield Answered("cancelled", "", (), Stats(n_prompt=len(prompt)))
             return
         try:
             for event in self._timed(self.engine.generate(prompt, config, cancel), config.sampling.seed is None):
@@ -192,14 +192,14 @@ class ChatService:
         finally:
             turns.release()
 
-    def _timed(self, events: Iterator[Event], learn: bool) -> Iterator[Event]:
-        """The engine's events, its Done told what plain decoding costs now and whether the machine was busy
-        (steps slower than the curve says, or other programs on the cores meanwhile), and a quiet answer's
-        steps teaching the pair's costs (not with a seed: a seeded answer repeats in a fresh process only if
-        its timings leave the cached curve alone)."""
+    def _timed(self, events: Iterator[Event], learn: bool) -> Iterator[ChatEvent]:
+        """The engine's events as the service's (`specchat.service.events`), its Done told what plain decoding
+        costs now and whether the machine was busy (steps slower than the curve says, or other programs on the
+        cores meanwhile), and a quiet answer's steps teaching the pair's costs (not with a seed: a seeded answer
+        repeats in a fresh process only if its timings leave the cached curve alone)."""
         costs = self.pair.costs if self.pair.costs.calibration is not None else None
         if costs is None:  # no curve was ever needed (plain decoding): nothing to judge by
-            yield from events
+            yield from map(_passed_on, events)
             return
         before, steps = costs.curve.copy(), []
         with OtherLoad(self.target.n_threads) as load:
@@ -211,7 +211,7 @@ class ChatService:
                     if learn and not event.busy:
                         costs.learn(steps)
                         costs.save()
-                yield event
+                yield _passed_on(event)
 
     def _guesser(self, name: str, continued: bool) -> Guesser:
         # A conversation that goes on keeps its guessers: auto carries what it learned of this text
@@ -226,6 +226,14 @@ class ChatService:
 
     def close(self) -> None:
         self.pair.close()
+
+
+def _passed_on(event: Event) -> ChatEvent:
+    """An engine event as the service passes it on: a Step as a Said, a Done as an Answered (an Answered, and a
+    Prefill, as they are)."""
+    if isinstance(event, Step):
+        return Said.of(event)
+    return Answered.of(event) if isinstance(event, Done) and not isinstance(event, Answered) else event
 
 
 def _through(splits: Sequence[Callable[[ChatEvent], list[ChatEvent]]], event: ChatEvent) -> list[ChatEvent]:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
-from specchat.decoding.events import ENGINE_FIGURES, Done
+from specchat.decoding.events import ENGINE_FIGURES
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message, ToolCall
+from specchat.service.events import Answered
 from specchat.store.conversations import Store, StoredMessage
 from specchat.store.files import atomic_write
 
@@ -29,7 +30,7 @@ ENDINGS = {"cancelled": "stopped", "max_tokens": "cut at the max_tokens setting"
            "context_full": "cut: the context is full"}
 
 
-def summary_line(done: Done, guesser: str) -> str:
+def summary_line(done: Answered, guesser: str) -> str:
     """One line under an answer: its figures, how it ended when not by itself, and its speedup (said
     to be uncertain when the machine was busy while it was written)."""
     stats, reason = done.stats, done.reason
@@ -40,12 +41,12 @@ def summary_line(done: Done, guesser: str) -> str:
             f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%}{against} · {guesser}{ending}")
 
 
-def thinking_line(done: Done) -> str:
+def thinking_line(done: Answered) -> str:
     """The thinking's own figures: its tokens (counted in the answer's too) and their speed."""
     return f"{done.thinking_tokens} tokens · {done.thinking_tokens_per_s:.1f} tok/s"
 
 
-def against_plain(done: Done) -> str:
+def against_plain(done: Answered) -> str:
     """The answer's speedup as every front end words it ("" where it is not known), said to be uncertain
     when the machine was busy while it was written."""
     if done.speedup is None:
@@ -285,7 +286,7 @@ class ConversationController:
             self.store.update_message(self._answer, self._text, thinking=self._thinking.strip())
             self._saved = self._clock()
 
-    def finish(self, done: Done, guesser: str, notices: Sequence[str] = ()) -> str:
+    def finish(self, done: Answered, guesser: str, notices: Sequence[str] = ()) -> str:
         """The answer ended (or was stopped: kept, marked so): stored whole with its figures. Returns its
         summary line, which names where the figures come from when they are not the engine's."""
         assert self._answer is not None, "no answer is being written"

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections import defaultdict, deque
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -31,6 +31,7 @@ from specchat.decoding.policy import CostCurve, Rollback
 from specchat.decoding.timing import AGREE, AGREE_S, MIN_SEEN, MOVE, StepTimes
 from specchat.llama.model import Model
 from specchat.llama.mtp import MtpHead
+from specchat.service.events import Answered
 from specchat.store.files import cache_file, read_cache, update_cache
 
 COSTS = "costs.json"  # this machine's cost curves, in the user cache dir
@@ -126,7 +127,7 @@ class PairCosts:
         recent = [*own, *(seconds for at, seconds in reversed(self.plain) if now - at <= RECENT_S)][:PLAIN_STEPS]
         return float(np.median(recent)) if recent else None
 
-    def judge(self, done: Done, steps: Sequence[Step], before: CostCurve, contention: float | None = None) -> Done:
+    def judge(self, done: Done, steps: Sequence[Step], before: CostCurve, contention: float | None = None) -> Answered:
         """The answer's speedup, against plain decoding at the same moments, and whether the machine was busy:
         steps much slower than the curve said, or other programs on the cores llama.cpp's threads needed
         (`contention`, measured over the answer).
@@ -141,10 +142,10 @@ class PairCosts:
         rewrite measured at 1.16x of plain decoding by the clock showed 1.36x. So an answer of plain steps
         shows exactly 1.00x, and another program's moment moves a rewrite's figure by what it cost, where
         one delayed step among its 7 plain ones made it show 1.48x for 1.15x. `plain_s` is set so that
-        `Done.speedup` is that ratio."""
+        `Answered.speedup` is that ratio."""
         produced = done.stats.produced
         if not steps or not produced:
-            return done
+            return Answered.of(done)
         ratios = [(s.verify_s - s.rollback_s) / float(before.verify(s.drafted + 1)) for s in steps]
         slowdown = float(np.median(ratios))
         plain_steps = [span(s) for s in steps if not s.drafted]
@@ -152,8 +153,8 @@ class PairCosts:
         cost = plain * len(plain_steps) + sum(
             span(s) - s.verify_s + min(s.verify_s, SPIKE * slowdown * float(before.verify(s.drafted + 1)) + s.rollback_s)
             for s in steps if s.drafted)
-        return replace(done, plain_s=plain * done.stats.decode_s / cost, slowdown=slowdown,
-                       contention=contention or 0.0)
+        return Answered.of(done, plain_s=plain * done.stats.decode_s / cost, slowdown=slowdown,
+                           contention=contention or 0.0)
 
     # --- keeping it ----------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from specchat.decoding.engine import GenerationConfig
-from specchat.decoding.events import Done, Prefill, Stats
+from specchat.decoding.events import Prefill, Stats
 from specchat.decoding.guessers import GUESSERS
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message, ToolCall
@@ -37,7 +37,7 @@ from specchat.llama.toolcalls import new_id
 from specchat.models.fetch import Progress
 from specchat.service.backend import Baseline
 from specchat.service.choices import RemoteChoice
-from specchat.service.events import BackendEvent, Chunk
+from specchat.service.events import Answered, BackendEvent, Chunk
 from specchat.service.settings import API_KEY_ENV
 from specchat.service.toolsplit import reason_with
 
@@ -256,7 +256,7 @@ class RemoteBackend:
             ended.set()
             stream.close()
 
-    def _done(self, got: _Received, before: Mapping[str, float], cancelled: bool) -> Done:
+    def _done(self, got: _Received, before: Mapping[str, float], cancelled: bool) -> Answered:
         """The answer's end, with its calls, and the best figures the server gave for it and which they are."""
         # A stopped answer's last call may have only part of its arguments: none is kept, as none will run.
         calls = () if cancelled else got.tool_calls()
@@ -273,8 +273,8 @@ class RemoteBackend:
             stats = stats_from_counters(before, self._counters(), n_prompt, n_tokens, prefill_s, stream_s)
         else:
             figures, stats = STREAM, stats_from_stream(n_prompt, n_tokens, prefill_s, stream_s)
-        return Done(reason, "".join(got.text), (), stats, figures, thinking="".join(got.thinking).strip(),
-                    calls=calls)
+        return Answered(reason, "".join(got.text), (), stats, figures, thinking="".join(got.thinking).strip(),
+                        calls=calls)
 
     def _counters(self) -> dict[str, float]:
         """vLLM's speculative-decoding counters now, or {} where the server has none."""

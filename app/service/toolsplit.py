@@ -1,6 +1,6 @@
 """An answer's tool calls, split out of the engine's events as they stream, where it was asked with tools.
 
-Each Step's text comes back as what is not a call, with the calls it finished beside it (`Step.calls`); the
+Each Step's text comes back as what is not a call, with the calls it finished beside it (`Said.calls`); the
 Done's text is the answer less its calls, its `calls` every call, and its reason "tool_calls" where the answer
 made calls and ended as a turn ends (as llama-server says `finish_reason: "tool_calls"` only then). Call text
 that is not a call (bad JSON, no name) is never dropped: it stays in the text, and a Notice says so.
@@ -12,13 +12,12 @@ for thought, so there the calls come out of the raw text first (`ChatService.cha
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
-from specchat.decoding.events import Done, Step
+from specchat.decoding.events import Done, Event, Step
 from specchat.errors import SpecchatError
 from specchat.llama.toolcalls import Delta, Splitter, ToolCall, ToolFormat, new_id
-from specchat.service.events import ChatEvent, Notice
+from specchat.service.events import Answered, ChatEvent, Notice, Said
 
 ENDED = ("eog", "stop")  # the ways an answer ends as a turn: only those make its reason "tool_calls"
 
@@ -33,10 +32,10 @@ class ToolSplit:
         self._content = ""  # what it released as content
         self._calls: list[ToolCall] = []
 
-    def __call__(self, event: ChatEvent) -> list[ChatEvent]:
+    def __call__(self, event: Event | ChatEvent) -> list[ChatEvent]:
         if isinstance(event, Step):
             delta = self._push(event.text)
-            return [*self._notices(delta), replace(event, text=delta.content, calls=tuple(delta.calls))]
+            return [*self._notices(delta), Said.of(event, text=delta.content, calls=tuple(delta.calls))]
         if isinstance(event, Done):
             # The Done holds the whole text, which may run past the steps' (text held back near a stop string
             # is released at the end): the rest is read, then whatever the splitter still holds.
@@ -46,8 +45,8 @@ class ToolSplit:
             self._keep(flushed)
             delta.add(flushed)
             calls = tuple(self._calls)
-            return [*self._notices(delta), replace(event, text=self._content, calls=calls,
-                                                   reason=reason_with(calls, event.reason))]
+            return [*self._notices(delta), Answered.of(event, text=self._content, calls=calls,
+                                                       reason=reason_with(calls, event.reason))]
         return [event]
 
     def _push(self, text: str) -> Delta:

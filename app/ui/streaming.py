@@ -23,7 +23,7 @@ from textual.message_pump import MessagePump
 from specchat.decoding.events import Done, Prefill, Step
 from specchat.errors import SpecchatError
 from specchat.mcptools.agent import RoundsSpent, ToolRan
-from specchat.service.events import Chunk, Notice
+from specchat.service.events import Answered, Chunk, Notice, Said
 from specchat.store.files import log_path
 
 log = logging.getLogger("specchat.ui")
@@ -32,7 +32,7 @@ DRAW_INTERVAL_S = 0.1, 1.0  # redraw at most ten times a second, and at least on
 UI_SHARE = 0.015  # of a core, for the UI thread while an answer streams (bench/ui_cost: the draws ~0.5 s apart at 40 tok/s)
 
 
-Piece = Union[Step, Chunk]  # what streams: the engine's steps, or a server's chunks of text
+Piece = Union[Said, Chunk]  # what streams: the engine's steps as the service said them, or a server's chunks of text
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Pending:
     prefill: Prefill | None = None
     notices: list[str] = field(default_factory=list)
     ran: list[object] = field(default_factory=list)
-    done: Done | None = None  # an answer's end: held until the next event shows whether more follows
+    done: Answered | None = None  # an answer's end: held until the next event shows whether more follows
 
     def add(self, event: object) -> bool:
         """Take one event; True where it must go out at once (a call that ran: the next may wait on the user)."""
@@ -107,7 +107,7 @@ class Pump:
         self._ui_clock = cpu, wall
         self.ready.set()
 
-    def run(self, events: Iterable[object]) -> Done | None:
+    def run(self, events: Iterable[object]) -> Answered | None:
         """Consume `events` in the worker thread until the generation ends (its last Done is returned) or fails
         (None: the UI got the error). Besides the backend's events, the agent loop's pass through."""
         pending, last, posted = Pending(), None, float("-inf")

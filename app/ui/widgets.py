@@ -16,9 +16,9 @@ from textual.containers import Vertical
 from textual.content import Content, Span
 from textual.widgets import Collapsible, Markdown, Static
 
-from specchat.decoding.events import ENGINE_FIGURES, Done, Source, Stats, Step
+from specchat.decoding.events import ENGINE_FIGURES, Source, Stats, Step
 from specchat.service.backend import Baseline
-from specchat.service.events import Chunk
+from specchat.service.events import Answered, Chunk
 from specchat.ui.streaming import Piece
 
 SOURCE_STYLE = {
@@ -331,7 +331,7 @@ class StatsPanel(Vertical):
         self.model, self.baseline, self.guesser = model, baseline, guesser
         self.figures = ""  # where the numbers come from, when not from the engine's own steps
         self.reported = Stats()  # what servers reported for the answers since the reset
-        self.parts: list[Done] = []  # every answer that ended since the reset (a rewrite's parts), with what
+        self.parts: list[Answered] = []  # every answer that ended since the reset (a rewrite's parts), with what
         # plain decoding cost meanwhile
         self.steps: list[Step] = []
         self.chunks = 0
@@ -368,7 +368,7 @@ class StatsPanel(Vertical):
     def flush(self) -> None:
         self._show()
 
-    def finish(self, done: Done) -> None:
+    def finish(self, done: Answered) -> None:
         """The answer ended: figures that are not the engine's own count (a server's report, or the
         stream alone) replace what the stream suggested, labelled with where they came from."""
         if done.figures != ENGINE_FIGURES:

@@ -8,11 +8,11 @@ from dataclasses import replace
 from typing import Iterator, Sequence
 
 from specchat.decoding.engine import GenerationConfig
-from specchat.decoding.events import Done, Prefill, Source, Stats, Step, Token
+from specchat.decoding.events import Done, Prefill, Source, Stats, Token
 from specchat.decoding.guessers import GUESSERS
 from specchat.llama.template import Message, ToolCall
 from specchat.service.backend import Baseline
-from specchat.service.events import BackendEvent, Notice
+from specchat.service.events import Answered, BackendEvent, Notice, Said
 
 PAUSE_S = 10.0  # the longest a paused generation waits for a cancel or a resume
 
@@ -50,7 +50,7 @@ class FakeBackend:
         self._resume = threading.Semaphore(0)
         self.closed = False
         self.closing = threading.Event()
-        self.last_done: Done | None = None
+        self.last_done: Answered | None = None
         # As in LocalBackend: a lock held for the whole of a generation, which close() waits for.
         self.lock = threading.Lock()
         self.running = 0  # generations begun and not yet done (counted before they take the lock)
@@ -133,7 +133,7 @@ class FakeBackend:
         thought = [w + " " for w in self.thinking.split(" ")] if self.thinking else []
         for start in range(0, len(thought), 3):  # the thinking streams first, a step of 3 tokens at a time
             chunk = thought[start:start + 3]
-            step = Step(tuple(Token(len(ids) + i, w, Source.PLAIN) for i, w in enumerate(chunk)), "", 0, 0, 0.0, 0.03,
+            step = Said(tuple(Token(len(ids) + i, w, Source.PLAIN) for i, w in enumerate(chunk)), "", 0, 0, 0.0, 0.03,
                         thinking="".join(chunk))
             ids += [t.id for t in step.tokens]
             stats = stats.add_step(step)
@@ -143,14 +143,14 @@ class FakeBackend:
             if self.pause_after is not None and n == self.pause_after:
                 self._wait(cancel)
             if cancel.is_set():
-                yield Done("cancelled", text, tuple(ids), stats, **thinking)
+                yield Answered("cancelled", text, tuple(ids), stats, **thinking)
                 return
             chunk = words[start:start + 3]
             sources = [Source.DRAFT] * (len(chunk) - 1) + [Source.CORRECTION]
             tokens = tuple(Token(len(ids) + i, w, s) for i, (w, s) in enumerate(zip(chunk, sources)))
-            step = Step(tokens, "".join(chunk), 3, len(chunk) - 1, 0.01, 0.03, "draft")
+            step = Said(tokens, "".join(chunk), 3, len(chunk) - 1, 0.01, 0.03, "draft")
             ids += [t.id for t in tokens]
             text += step.text
             stats = stats.add_step(step)
             yield step
-        yield Done("eog", text, tuple(ids), stats, plain_s=self.plain_s, slowdown=self.slowdown, **thinking)
+        yield Answered("eog", text, tuple(ids), stats, plain_s=self.plain_s, slowdown=self.slowdown, **thinking)

@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specchat.decoding.events import Done, Stats
+from specchat.decoding.events import Stats
 from specchat.service.conversation import SAVE_INTERVAL_S, ConversationController
+from specchat.service.events import Answered
 from specchat.store.conversations import Store
 
 
@@ -20,9 +21,9 @@ class Clock:
         return self.now
 
 
-def done(text: str, reason: str = "eog", figures: str = "engine") -> Done:
-    return Done(reason, text, (1, 2, 3), Stats(n_prompt=9, n_tokens=3, steps=2, drafted=2, accepted=1,
-                                               draft_s=0.1, verify_s=0.2), figures)
+def done(text: str, reason: str = "eog", figures: str = "engine") -> Answered:
+    return Answered(reason, text, (1, 2, 3), Stats(n_prompt=9, n_tokens=3, steps=2, drafted=2, accepted=1,
+                                                   draft_s=0.1, verify_s=0.2), figures)
 
 
 def make(tmp_path: Path) -> tuple[Store, ConversationController, Clock]:

@@ -25,6 +25,7 @@ from specchat.decoding.policy import CostCurve
 from specchat.decoding.sampling import SamplingConfig
 from specchat.decoding.timing import AGREE_S, MIN_SEEN, MOVE, StepTimes, low, non_decreasing
 from specchat.service.costs import PairCosts, Turns
+from specchat.service.events import Answered
 from specchat.store.files import cache_file, read_cache
 
 # This machine kind's quiet curve for the default target (ms): 1, 2, ... positions.
@@ -197,9 +198,9 @@ def test_an_untrusted_measurement_is_not_cached_and_auto_decodes_plainly_meanwhi
     assert len(measured) == 2
 
 
-def done(n_tokens: int, decode_s: float, steps: int, plain_s: float, slowdown: float = 1.0) -> Done:
-    return Done("eog", "", (), Stats(n_tokens=n_tokens, steps=steps, verify_s=decode_s), plain_s=plain_s,
-                slowdown=slowdown)
+def done(n_tokens: int, decode_s: float, steps: int, plain_s: float, slowdown: float = 1.0) -> Answered:
+    return Answered("eog", "", (), Stats(n_tokens=n_tokens, steps=steps, verify_s=decode_s), plain_s=plain_s,
+                    slowdown=slowdown)
 
 
 def test_the_speedup_never_exceeds_the_tokens_per_step():

@@ -3,9 +3,10 @@ and given to the model again on the next turn."""
 
 from __future__ import annotations
 
-from specchat.decoding.events import Done, Stats
+from specchat.decoding.events import Stats
 from specchat.llama.template import ToolCall
 from specchat.service.conversation import ConversationController, ToolChoice
+from specchat.service.events import Answered
 from specchat.store.conversations import Store
 
 CALL = ToolCall("notes__read_note", '{"name": "groceries"}', "call_1")
@@ -15,10 +16,10 @@ def _answered_with_a_call(tmp_path) -> ConversationController:
     conversation = ConversationController.new(Store(tmp_path / "chat.db"))
     conversation.add_user("What is on my groceries note?")
     conversation.begin_answer("fake", None)
-    conversation.finish(Done("tool_calls", "Let me look.", (1, 2), Stats(), calls=(CALL,)), "auto")
+    conversation.finish(Answered("tool_calls", "Let me look.", (1, 2), Stats(), calls=(CALL,)), "auto")
     conversation.add_tool_result(CALL.id, "eggs, flour, saffron")
     conversation.begin_answer("fake", None)
-    conversation.finish(Done("eog", "Eggs, flour and saffron.", (3,), Stats()), "auto")
+    conversation.finish(Answered("eog", "Eggs, flour and saffron.", (3,), Stats()), "auto")
     return conversation
 
 

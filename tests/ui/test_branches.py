@@ -6,8 +6,9 @@ from __future__ import annotations
 from fakes import FakeBackend
 from pilot import answered, make_app, regenerated, send, until
 
-from specchat.decoding.events import Done, Stats
+from specchat.decoding.events import Stats
 from specchat.service.conversation import ConversationController
+from specchat.service.events import Answered
 from specchat.store.conversations import Store
 from specchat.ui.widgets import MessageView
 
@@ -38,7 +39,7 @@ async def test_a_message_sent_after_alt_left_is_answered_from_the_branch_on_scre
 
 def answer(chat: ConversationController, text: str) -> None:
     chat.begin_answer("m", None)
-    chat.finish(Done("eog", text, (1,), Stats(n_tokens=1, steps=1)), "none")
+    chat.finish(Answered("eog", text, (1,), Stats(n_tokens=1, steps=1)), "none")
 
 
 def two_windows(tmp_path) -> tuple[ConversationController, ConversationController]:

@@ -719,10 +719,11 @@ async def test_regenerate_and_edit_make_branches_that_alt_arrows_walk(tmp_path):
 async def test_the_thinking_folds_as_the_first_words_of_the_answer_arrive():
     from textual.app import App
 
-    from specchat.decoding.events import Source, Step, Token
+    from specchat.decoding.events import Source, Token
+    from specchat.service.events import Said
 
-    def step(text: str = "", thinking: str = "") -> Step:
-        return Step((Token(0, thinking or text, Source.PLAIN),), text, 0, 0, 0.0, 0.01, thinking=thinking)
+    def step(text: str = "", thinking: str = "") -> Said:
+        return Said((Token(0, thinking or text, Source.PLAIN),), text, 0, 0, 0.0, 0.01, thinking=thinking)
 
     class One(App):
         def compose(self):

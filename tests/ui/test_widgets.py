@@ -8,8 +8,9 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Markdown
 
-from specchat.decoding.events import Done, Source, Stats, Step, Token
+from specchat.decoding.events import Source, Stats, Step, Token
 from specchat.service.backend import Baseline
+from specchat.service.events import Answered, Said
 from specchat.ui.keyline import KeyLine
 from specchat.ui.widgets import MessageView, StatsPanel, growing_block
 
@@ -19,14 +20,14 @@ class Host(App[None]):
         yield StatsPanel()
 
 
-def part(tokens: int, step_s: float, plain_s: float) -> tuple[list[Step], Done]:
+def part(tokens: int, step_s: float, plain_s: float) -> tuple[list[Step], Answered]:
     """One answer (a rewrite's part) of plain-looking steps of 2 tokens each, ended by the end of generation."""
     steps = [Step((Token(1, "a", Source.DRAFT), Token(2, "b", Source.BONUS)), "ab", 1, 1, 0.0, step_s)
              for _ in range(tokens // 2)] + [Step((), "", 0, 0, 0.0, step_s / 2, ended=True)]
     stats = Stats()
     for s in steps:
         stats = stats.add_step(s)
-    return steps, Done("eog", "ab" * (tokens // 2), (), stats, plain_s=plain_s)
+    return steps, Answered("eog", "ab" * (tokens // 2), (), stats, plain_s=plain_s)
 
 
 async def test_a_rewrite_in_parts_is_measured_against_each_parts_own_plain_steps():
@@ -129,8 +130,8 @@ class Conversation(App[None]):
         yield MessageView("assistant")
 
 
-def step(text: str) -> Step:
-    return Step((Token(0, text, Source.PLAIN),), text, 0, 0, 0.0, 0.01)
+def step(text: str) -> Said:
+    return Said((Token(0, text, Source.PLAIN),), text, 0, 0, 0.0, 0.01)
 
 
 def blocks(view: MessageView) -> list[str]:
