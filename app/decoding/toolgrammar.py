@@ -8,7 +8,9 @@ template was read to use, the list forms of Mistral (`[TOOL_CALLS][{…}]`) and 
 and Llama 3.x's bare `{"name": …, "parameters": …}`; and Qwen3-Coder's tagged arguments
 (`<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n</parameter>\\n…`), each value held to its parameter's
 schema where that is not a string (`%json`), else any text up to the first `\\n</parameter>\\n`, as llama.cpp's
-grammar for it has it. Not covered: gpt-oss's Harmony channels.
+grammar for it has it; Seed-OSS's `<seed:tool_call>` the same, each value on its tag's line up to the first
+`</parameter>\\n`. A typed value's `$ref`s into its parameters schema (`#/$defs/…`) are kept pointing there. Not
+covered: gpt-oss's Harmony channels.
 
 A marker that the vocabulary holds as one special token is asked for as that token: it is what the model
 writes, and its text spelled out byte by byte would be another answer.
@@ -93,27 +95,36 @@ def _lark(call: dict[str, Any], fmt: ToolFormat, parallel: bool, tokenizer: llgu
 
 def _lark_tags(functions: list[dict[str, Any]], fmt: ToolFormat, parallel: bool,
                tokenizer: llguidance.LLTokenizer) -> str:
-    """Tagged calls as Qwen3-Coder's template writes them: the parameters in their schema's order, the required
-    ones always and the others where the model likes."""
+    """Tagged calls as Qwen3-Coder's (or Seed-OSS's) template writes them: the parameters in their schema's
+    order, the required ones always and the others where the model likes."""
+    tags = fmt.tags or xmlcalls.QWEN
+    end = tags.value_end.replace("/", "\\/").replace("\n", "\\n")  # as a lark regex: `\n<\/parameter>\n`
     lines = ['start: one ("\\n" one)*' if parallel else "start: one",
              f'one: {_literal(fmt.markers[0], tokenizer)} "\\n" call "\\n" {_literal(fmt.end, tokenizer)}',
              "call: " + " | ".join(f"f{i}" for i in range(len(functions))),
              # A value and its closing tag as one: its text ends at the first `\n</parameter>\n`, as the parser reads it.
-             r"TEXT: /(?s:.*)\n<\/parameter>\n/ & ~/(?s:.*)\n<\/parameter>\n(?s:.+)/"]
+             f"TEXT: /(?s:.*){end}/ & ~/(?s:.*){end}(?s:.+)/"]
     for i, function in enumerate(functions):
         parameters = function.get("parameters") or {}
         required = set(parameters.get("required") or ())
         names = []
         for j, (arg, schema) in enumerate((parameters.get("properties") or {}).items()):
             value = "TEXT"  # a string, or a value its schema leaves open: any text, as in llama.cpp's grammar
-            if "string" not in xmlcalls.kinds_of(schema):
-                lines.append(f"v{i}_{j}: %json {json.dumps({**schema, 'x-guidance': _LAYOUT})}")
-                value = f"v{i}_{j} {json.dumps(xmlcalls.VALUE_END)}"
-            lines.append(f"p{i}_{j}: {json.dumps(f'<parameter={arg}>{_NL}')} {value}")
+            if "string" not in xmlcalls.kinds_of(schema, parameters):
+                lines.append(f"v{i}_{j}: %json {json.dumps({**_with_defs(schema, parameters), 'x-guidance': _LAYOUT})}")
+                value = f"v{i}_{j} {json.dumps(tags.value_end)}"
+            lines.append(f"p{i}_{j}: {json.dumps(f'<parameter={arg}>{tags.lead}')} {value}")
             names.append(f"p{i}_{j}" if arg in required else f"p{i}_{j}?")
         opening = json.dumps(f"<function={function['name']}>{_NL}")
         lines.append(f'f{i}: {opening} {" ".join(names)} "</function>"')
     return "\n".join(lines)
+
+
+def _with_defs(schema: Mapping[str, Any], parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """A parameter's schema as a document of its own, carrying the definitions its `#/$defs/…` and
+    `#/definitions/…` refs name in the parameters schema it came from."""
+    defs = {k: parameters[k] for k in ("$defs", "definitions") if isinstance(parameters.get(k), Mapping)}
+    return {**defs, **schema}
 
 
 def _literal(text: str, tokenizer: llguidance.LLTokenizer) -> str:

@@ -12,14 +12,17 @@ The formats (llama.cpp's common/chat.cpp, chat-diff-analyzer.cpp and parsers/ in
   llama.cpp's chat-diff-analyzer does (Granite 3.3 writes none back: its system prompt names the marker).
 - **Tagged arguments** (Qwen3-Coder; Nemotron 3 Nano, Qwen3.5 and StepFun 3.5 Flash write the same):
   `<tool_call>\n<function=NAME>\n<parameter=ARG>\nVALUE\n</parameter>\n…</function>\n</tool_call>`, each value
-  made JSON by its parameter's schema in the offered tools (`specchat.llama.xmlcalls`).
+  made JSON by its parameter's schema in the offered tools (`specchat.llama.xmlcalls`). Qwen3-Coder itself (a
+  template with no `<think>`, as llama.cpp tells it apart) sometimes leaves out its first call's `<tool_call>`:
+  there, as in llama.cpp, `<function=NAME>\n` opens a call too where NAME is an offered tool's, before any
+  other call; a mere mention of `<function=` (unnamed, another name, no newline after it) is content. Seed-OSS
+  writes the same tags in `<seed:tool_call>` with each value on its tag's line: `<parameter=ARG>VALUE</parameter>`.
 - **Harmony** (gpt-oss): a message to a function, `<|channel|>commentary to=functions.NAME <|constrain|>json
   <|message|>{…}<|call|>`, or with the recipient in the role header (`<|start|>assistant to=functions.NAME
   <|channel|>commentary json<|message|>{…}`; the first message's `<|start|>assistant` is the generation prompt's).
 
-Not detected (`format_of` answers None): the other forms whose arguments are not one JSON value (Seed-OSS's
-`<seed:tool_call>` tags, DeepSeek's and Kimi's special-token forms, Gemma 4's `call:`), and templates that cannot
-write an earlier answer's call at all.
+Not detected (`format_of` answers None): the other forms whose arguments are not one JSON value (DeepSeek's and
+Kimi's special-token forms, Gemma 4's `call:`), and templates that cannot write an earlier answer's call at all.
 
 `Splitter` is pure text in, text out, as `service.reasoning.Splitter` is: the engine's released text goes in a
 piece at a time and comes back as content and finished calls, holding back only what may be a call marker's
@@ -43,16 +46,17 @@ from specchat.errors import SpecchatError
 from specchat.llama import xmlcalls
 from specchat.llama.template import ChatTemplate, Message, ToolCall
 
-__all__ = ["GRANITE", "HARMONY", "HERMES", "LLAMA3", "MISTRAL", "QWEN3_CODER", "Delta", "Parsed", "Splitter", "ToolCall",
-           "ToolFormat", "format_of", "new_id", "parse"]
+__all__ = ["GRANITE", "HARMONY", "HERMES", "LLAMA3", "MISTRAL", "QWEN3_CODER", "SEED_OSS", "XML_TAGS", "Delta", "Parsed",
+           "Splitter", "ToolCall", "ToolFormat", "format_of", "new_id", "parse"]
 
 
 @dataclass(frozen=True)
 class ToolFormat:
     """How one template's answers carry calls. JSON formats: the markers that open a call (or a list of them),
     what closes it ("": the JSON value's own end), whether the calls are a JSON list, the key the arguments are
-    under, and whether a call may also stand bare at the answer's start (Llama 3.x). Qwen3-Coder's tagged
-    arguments: `xml`. Harmony: `harmony`."""
+    under, and whether a call may also stand bare at the answer's start (Llama 3.x). Tagged arguments: `tags`,
+    their spelling, and `bare_function`, whether the first call may leave out its opening tag (Qwen3-Coder).
+    Harmony: `harmony`."""
 
     name: str
     markers: tuple[str, ...] = ()
@@ -60,8 +64,14 @@ class ToolFormat:
     array: bool = False
     args_key: str = "arguments"
     bare: bool = False
-    xml: bool = False
+    tags: xmlcalls.Tags | None = None
+    bare_function: bool = False
     harmony: bool = False
+
+    @property
+    def xml(self) -> bool:
+        """Arguments in tags (`specchat.llama.xmlcalls`), not JSON."""
+        return self.tags is not None
 
 
 HERMES = ToolFormat("hermes", ("<tool_call>",), "</tool_call>")
@@ -69,7 +79,9 @@ MISTRAL = ToolFormat("mistral", ("[TOOL_CALLS]",), array=True)
 GRANITE = ToolFormat("granite", ("<|tool_call|>",), array=True)
 LLAMA3 = ToolFormat("llama3", ("<|python_tag|>",), args_key="parameters", bare=True)
 HARMONY = ToolFormat("harmony", harmony=True)
-QWEN3_CODER = ToolFormat("qwen3-coder", (xmlcalls.OPEN,), xmlcalls.END, xml=True)
+QWEN3_CODER = ToolFormat("qwen3-coder", (xmlcalls.OPEN,), xmlcalls.END, tags=xmlcalls.QWEN, bare_function=True)
+XML_TAGS = ToolFormat("xml-tags", (xmlcalls.OPEN,), xmlcalls.END, tags=xmlcalls.QWEN)  # Nemotron 3 Nano, Qwen3.5
+SEED_OSS = ToolFormat("seed-oss", (xmlcalls.SEED.open,), xmlcalls.SEED.end, tags=xmlcalls.SEED)
 
 START, CHANNEL, MESSAGE, END, CALL = "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>"
 RECIPIENT = " to=functions."
@@ -80,8 +92,9 @@ _NAME, _ARG, _ANSWER = "specchat_probe_7f3a", "specchat_arg_7f3a", "SPECCHAT_ANS
 PROBE_TOOL = {"type": "function", "function": {
     "name": _NAME, "description": "Looks something up.",
     "parameters": {"type": "object", "properties": {_ARG: {"type": "string"}}, "required": [_ARG]}}}
-# How Qwen3-Coder's template writes the probe call (Seed-OSS's tags differ, and so does its reading).
+# How Qwen3-Coder's and Seed-OSS's templates write the probe call.
 _XML_PROBE = f"<tool_call>\n<function={_NAME}>\n<parameter={_ARG}>\nv\n</parameter>\n</function>\n</tool_call>"
+_SEED_PROBE = f"<seed:tool_call>\n<function={_NAME}>\n<parameter={_ARG}>v</parameter>\n</function>\n</seed:tool_call>"
 
 
 def new_id() -> str:
@@ -106,8 +119,10 @@ def format_of(template: ChatTemplate) -> ToolFormat | None:
     after = plain[plain.find(_ANSWER) + len(_ANSWER):] if _ANSWER in plain else ""
     tail = called[head:]
     body = tail[:len(tail) - _common(after[::-1], tail[::-1])]  # less what closes the turn either way
-    if body.strip() == _XML_PROBE:
-        return QWEN3_CODER
+    if body.strip() == _XML_PROBE:  # llama.cpp's qwen3-coder.cpp: no <think>, Qwen3-Coder, which may drop <tool_call>
+        return XML_TAGS if "<think>" in template.source else QWEN3_CODER
+    if body.strip() == _SEED_PROBE:
+        return SEED_OSS
     at = body.find(_NAME)
     if at < 0:  # it drops an earlier answer's calls; Granite 3.3's system prompt still names its marker
         return GRANITE if GRANITE.markers[0] in template.source else None
@@ -216,6 +231,9 @@ class Splitter:
     def __init__(self, fmt: ToolFormat, ids: Callable[[], str] = new_id, tools: Sequence[Mapping[str, Any]] = ()) -> None:
         self.format, self._ids = fmt, ids
         self._schemas = xmlcalls.schemas(tools)
+        # Qwen3-Coder's first call without its <tool_call>: the whole opener, an offered name and its newline, as
+        # llama.cpp asks for, so that prose naming a tag (`<function=`, #include <functional>) stays prose.
+        self._functions = tuple(f"<function={name}>\n" for name in self._schemas) if fmt.bare_function else ()
         self._held = ""
         self._marker: str | None = None  # the marker of the call under way ("" bare), None: none is
         self._scan: _Scan | xmlcalls.EndScan | None = None
@@ -335,12 +353,13 @@ class Splitter:
                 if len(first) < _BARE_DECIDED and not final:
                     return False
             self._fresh = False
-        hits = [(i, m) for m in fmt.markers if (i := held.find(m)) >= 0]
+        markers = fmt.markers if self.called else fmt.markers + self._functions
+        hits = [(i, m) for m in markers if (i := held.find(m)) >= 0]
         if hits:
             at, marker = min(hits)
             self._begin(marker, at, out)
             return True
-        keep = 0 if final else _overlap(held, fmt.markers)
+        keep = 0 if final else _overlap(held, markers)
         self._content(held[:len(held) - keep], out)
         self._held = held[len(held) - keep:]
         return False
@@ -380,16 +399,19 @@ class Splitter:
 
     def _until_tags_end(self, marker: str, out: Delta, final: bool) -> bool:
         """A call with tagged arguments: it ends at the `</tool_call>` no value holds (or, ended at EOG without
-        one, where the answer does, as a JSON call may)."""
+        one, where the answer does, as a JSON call may). Opened by a bare `<function=NAME>`, that is its own
+        first tag."""
+        tags = self.format.tags or xmlcalls.QWEN
+        skip = len(marker) if marker in self.format.markers else 0
         if self._scan is None:
-            self._scan = xmlcalls.EndScan(len(marker))
+            self._scan = xmlcalls.EndScan(skip, tags)
         held = self._held
         end = self._scan.end(held)
         if end is None and not final:
             return False
         raw_len, body_end = (end, end - len(self.format.end)) if end is not None else (len(held), len(held))
         try:
-            name, args = xmlcalls.read(held[len(marker):body_end], self._schemas)
+            name, args = xmlcalls.read(held[skip:body_end], self._schemas, tags)
         except xmlcalls.XmlCallError as e:
             self._malformed(held[:raw_len], str(e), out)
         else:

@@ -17,7 +17,7 @@ from specchat.decoding.guessers import DraftGuesser, LookupGuesser
 from specchat.decoding.sampling import SamplingConfig
 from specchat.decoding.toolgrammar import tool_constraint
 from specchat.errors import SpecchatError
-from specchat.llama.toolcalls import GRANITE, HARMONY, HERMES, LLAMA3, MISTRAL, QWEN3_CODER, ToolFormat, parse
+from specchat.llama.toolcalls import GRANITE, HARMONY, HERMES, LLAMA3, MISTRAL, QWEN3_CODER, SEED_OSS, ToolFormat, parse
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {
@@ -118,6 +118,36 @@ def test_tagged_arguments_are_held_to_their_schemas():
         assert valid_forecast(json.loads(parsed.calls[0].arguments)), text
         assert text.startswith("<tool_call>\n<function=forecast>\n<parameter=days>\n"), text
         assert text.endswith("\n</parameter>\n</function>\n</tool_call>"), text
+
+
+def test_seed_oss_tagged_arguments_are_held_to_their_schemas():
+    """Seed-OSS's form: each value on its tag's line, the typed ones JSON their schemas allow, and the call
+    parses back whole."""
+    constraint = tool_constraint([FORECAST, TIME], "forecast", SEED_OSS, toy.text())
+    for seed in (0, 1, None):
+        text = answer(constraint, LookupGuesser(), seed, max_tokens=400)
+        parsed = parse(text, SEED_OSS, tools=[FORECAST, TIME])
+        assert parsed.errors == () and parsed.content == "" and [c.name for c in parsed.calls] == ["forecast"], text
+        assert valid_forecast(json.loads(parsed.calls[0].arguments)), text
+        assert text.startswith("<seed:tool_call>\n<function=forecast>\n<parameter=days>"), text
+        assert text.endswith("</parameter>\n</function>\n</seed:tool_call>"), text
+
+
+# FORECAST with its parameters' schemas behind local refs, one a ref to a ref.
+REFD = {"type": "function", "function": {"name": "forecast", "parameters": {"type": "object", "properties": {
+    "days": {"$ref": "#/$defs/Days"}, "hours": {"$ref": "#/definitions/Hours"}}, "required": ["days", "hours"],
+    "$defs": {"Days": {"$ref": "#/$defs/Week"}, "Week": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "definitions": {"Hours": {"type": "array", "items": {"enum": [6, 12, 18]}, "maxItems": 2}}}}}
+
+
+def test_tagged_arguments_behind_refs_are_held_to_the_schemas_they_point_to():
+    constraint = tool_constraint([REFD], "forecast", QWEN3_CODER, toy.text())
+    for seed in (0, 1, None):
+        text = answer(constraint, LookupGuesser(), seed, max_tokens=400)
+        parsed = parse(text, QWEN3_CODER, tools=[REFD])
+        assert parsed.errors == () and [c.name for c in parsed.calls] == ["forecast"], text
+        args = json.loads(parsed.calls[0].arguments)
+        assert isinstance(args["days"], int) and valid_forecast(args), text
 
 
 def test_parallel_tagged_calls_follow_one_another():

@@ -20,6 +20,8 @@ from specchat.llama.toolcalls import (
     LLAMA3,
     MISTRAL,
     QWEN3_CODER,
+    SEED_OSS,
+    XML_TAGS,
     Splitter,
     ToolFormat,
     format_of,
@@ -40,10 +42,10 @@ FORMATS = {  # template file -> what format_of reads off it (None: a format not 
     "openai-gpt-oss-120b.jinja": HARMONY,
     "ibm-granite-granite-3.3-2B-Instruct.jinja": GRANITE,
     "Apriel-1.6-15b-Thinker-fixed.jinja": APRIEL,
-    "Qwen3-Coder.jinja": QWEN3_CODER,  # <function=NAME><parameter=…> tags
-    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": QWEN3_CODER,  # the same tags, after <think></think>
+    "Qwen3-Coder.jinja": QWEN3_CODER,  # <function=NAME><parameter=…> tags; no <think>, so <tool_call> may be left out
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": XML_TAGS,  # the same tags, after <think></think>
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": None,  # special-token calls
-    "ByteDance-Seed-OSS.jinja": None,  # <seed:tool_call> XML
+    "ByteDance-Seed-OSS.jinja": SEED_OSS,  # the same tags in <seed:tool_call>, each value on its tag's line
 }
 
 
@@ -63,6 +65,7 @@ def test_the_format_is_read_off_the_template(name):
 
 W = ("get_weather", '{"city": "Paris"}')
 XML_W = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+SEED_W = "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n</seed:tool_call>"
 T = ("get_time", "{}")
 CASES = [  # (text, format, content, [(name, arguments)], number of errors)
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', HERMES, "", [W], 0),
@@ -107,6 +110,17 @@ CASES = [  # (text, format, content, [(name, arguments)], number of errors)
      [], 1),  # a value that never closes as llama.cpp closes one
     ('<tool_call>\nget_weather(city="Paris")\n</tool_call>', QWEN3_CODER,
      '<tool_call>\nget_weather(city="Paris")\n</tool_call>', [], 1),
+    # Seed-OSS's, as llama.cpp's tests/test-chat.cpp writes them: a value on its tag's line, up to `</parameter>\n`.
+    (SEED_W, SEED_OSS, "", [W], 0),
+    ("I'll check.\n" + SEED_W + "\n<seed:tool_call>\n<function=get_time>\n</function>\n</seed:tool_call>", SEED_OSS,
+     "I'll check.\n", [W, T], 0),
+    ("<seed:tool_call>\n<function=python>\n<parameter=code>x = '</parameter>'\nprint(x)\n</parameter>\n</function>\n"
+     "</seed:tool_call> Ran it.", SEED_OSS, " Ran it.", [("python", json.dumps({"code": "x = '</parameter>'\nprint(x)\n"}))],
+     0),  # `</parameter>` with no newline after it is the value's
+    (SEED_W[:-len("\n</seed:tool_call>")], SEED_OSS, "", [W], 0),  # ended at EOG
+    ("<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter></function></seed:tool_call>", SEED_OSS,
+     "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter></function></seed:tool_call>", [], 1),
+    ("A <tool_call> is not Seed's.", SEED_OSS, "A <tool_call> is not Seed's.", [], 0),
 ]
 
 
@@ -200,7 +214,8 @@ def test_a_call_and_its_result_render_where_the_template_puts_them(name):
     result = prompt.index(RESULT)
     assert asked < result and prompt.rindex("get_weather") < result
     assert "Paris" in prompt[asked + len("Weather in Paris?"):result]  # the call's arguments, between them
-    written = "<parameter=city>\nParis\n</parameter>" if FORMATS[name].xml else '"city": "Paris"'
+    written = {QWEN3_CODER: "<parameter=city>\nParis\n</parameter>", XML_TAGS: "<parameter=city>\nParis\n</parameter>",
+               SEED_OSS: "<parameter=city>Paris</parameter>"}.get(FORMATS[name], '"city": "Paris"')
     assert written in prompt and '\\"city\\"' not in prompt  # arguments as an object, not text
 
     user = [Message("user", "Weather in Paris?")]
@@ -268,13 +283,124 @@ def test_a_value_its_schema_refuses_keeps_the_call_as_text(value):
                              "kept as the answer's",)
 
 
-@pytest.mark.parametrize("name", [n for n, f in FORMATS.items() if f is QWEN3_CODER])
+@pytest.mark.parametrize("name", [n for n, f in FORMATS.items() if f is not None and f.xml])
 def test_typed_arguments_come_back_the_same_through_the_template(name):
-    """A call written back by the template (a boolean as Jinja writes it, `True`) reads as the same call."""
+    """A call written back by the template (a boolean as Jinja writes it, `True`; Seed-OSS's an object or list
+    as Python's repr, `{'x': None}`) reads as the same call."""
     call = ToolCall("edit", json.dumps(TYPED_ARGS), "abcDEF123")
     user = [Message("user", "Edit it.")]
     plain = template(name).render(user + [Message("assistant", "SPECCHAT_ANSWER")], False, tools=[TYPED])
     called = template(name).render(user + [Message("assistant", "", tool_calls=(call,))], False, tools=[TYPED])
     head = next((i for i, (a, b) in enumerate(zip(plain, called)) if a != b), 0)
-    parsed = parse(called[head:], QWEN3_CODER, tools=[TYPED])
+    parsed = parse(called[head:], FORMATS[name], tools=[TYPED])
     assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("edit", TYPED_ARGS)] and not parsed.errors
+
+
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+BARE_W = XML_W[len("<tool_call>\n"):]
+BARE = [  # (text, format, content, [(name, arguments)]): Qwen3-Coder's first call without its <tool_call>, offered
+    # get_weather and get_time, as llama.cpp's qwen3-coder.cpp reads it
+    ("Let me look.\n" + BARE_W, QWEN3_CODER, "Let me look.\n", [W]),
+    (BARE_W[:-len("\n</tool_call>")], QWEN3_CODER, "", [W]),  # and without its end, ended at EOG
+    (BARE_W + "\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>", QWEN3_CODER, "", [W, T]),
+    # Only the first call may leave it out: after one, a bare opener is text.
+    (XML_W + "\n<function=get_time>\n</function>\n</tool_call>", QWEN3_CODER, "\n<function=get_time>\n</function>\n</tool_call>",
+     [W]),
+    # Prose that names the tag: not the whole opener of an offered function, its newline included.
+    ("Write `<function=get_weather>` or <function=\nor <function=delete_all>\nto call; #include <functional>\n",
+     QWEN3_CODER, "Write `<function=get_weather>` or <function=\nor <function=delete_all>\nto call; #include <functional>\n",
+     []),
+    # Templates that think (Nemotron 3 Nano, Qwen3.5) are not given the leniency, as in llama.cpp, nor is Seed-OSS.
+    ("Let me look.\n" + BARE_W, XML_TAGS, "Let me look.\n" + BARE_W, []),
+    ("<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n</seed:tool_call>", SEED_OSS,
+     "<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>\n</seed:tool_call>", []),
+]
+
+
+@pytest.mark.parametrize("text, fmt, content, calls", BARE)
+def test_qwen3_coder_may_leave_out_its_first_calls_opening_tag(text, fmt, content, calls):
+    tools = [WEATHER, TIME]
+    parsed = parse(text, fmt, ids(), tools)
+    assert (parsed.content, parsed.errors) == (content, ())
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [(n, json.loads(a)) for n, a in calls]
+    expected = whole(text, fmt, tools)
+    for cut in range(1, len(text)):
+        assert streamed(text, fmt, [cut], tools) == expected, cut
+    assert streamed(text, fmt, list(range(1, len(text))), tools) == expected
+
+
+def test_without_tools_offered_no_bare_opener_is_a_call():
+    assert parse(BARE_W, QWEN3_CODER).calls == ()
+
+
+def test_only_the_start_of_a_bare_opener_is_held_back():
+    """While streaming, only a tail that may become `<function=get_weather>\\n` (or `<tool_call>`) waits."""
+    text = "See <function=get_weathe> and <function=get_weather>` here"
+    splitter, out = Splitter(QWEN3_CODER, ids(), [WEATHER]), ""
+    for i in range(len(text)):
+        out += splitter.push(text[i]).content
+        held = text[:i + 1][len(out):]
+        assert held == "" or any(m.startswith(held) for m in ("<tool_call>", "<function=get_weather>\n")), held
+    assert out + splitter.flush().content == text
+
+
+DEFS = {"type": "function", "function": {"name": "plot", "parameters": {
+    "type": "object",
+    "properties": {"label": {"$ref": "#/$defs/Label"}, "count": {"$ref": "#/definitions/Count"},
+                   "at": {"$ref": "#/$defs/Point"}, "mode": {"$ref": "#/$defs/Mode"},
+                   "loop": {"$ref": "#/$defs/A"}, "far": {"$ref": "https://example.com/schemas/far.json"},
+                   "nowhere": {"$ref": "#/$defs/Missing"}, "cycle": {"$ref": "#/$defs/Self"}},
+    "$defs": {"Label": {"type": "string"}, "Point": {"type": "object", "properties": {"x": {"type": "number"}}},
+              "Mode": {"$ref": "#/$defs/Label"},  # a ref to a ref
+              "A": {"$ref": "#/$defs/B"}, "B": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "integer"}]},  # a cycle
+              "Self": {"$ref": "#/$defs/Self"}},
+    "definitions": {"Count": {"type": "integer"}}}}}
+DEFS_TEXT = ("<tool_call>\n<function=plot>\n<parameter=label>\n42\n</parameter>\n<parameter=count>\n7\n</parameter>\n"
+             '<parameter=at>\n{"x": 1.5}\n</parameter>\n<parameter=mode>\ntrue\n</parameter>\n<parameter=loop>\n5\n'
+             "</parameter>\n<parameter=far>\n[1]\n</parameter>\n<parameter=nowhere>\nnull\n</parameter>\n"
+             "<parameter=cycle>\nabc\n</parameter>\n</function>\n</tool_call>")
+DEFS_ARGS = {"label": "42", "count": 7, "at": {"x": 1.5}, "mode": "true", "loop": 5, "far": [1], "nowhere": None,
+             "cycle": "abc"}
+
+
+def test_a_parameters_local_refs_are_followed_when_typing_its_values():
+    """`#/$defs/…` and `#/definitions/…` in the tool's parameters schema, through refs to refs and a cycle, type a
+    value as what they point to: digits a string where the ref's schema is one. A ref to another document, or to
+    nothing, and a cycle that is nothing else, leave the value open (JSON where it parses, else text)."""
+    expected = whole(DEFS_TEXT, QWEN3_CODER, [DEFS])
+    assert [(n, json.loads(a)) for n, a, _ in expected[1]] == [("plot", DEFS_ARGS)] and expected[2] == []
+    for cut in range(1, len(DEFS_TEXT)):
+        assert streamed(DEFS_TEXT, QWEN3_CODER, [cut], [DEFS]) == expected, cut
+
+
+@pytest.mark.parametrize("arg, value", [("count", "seven"), ("loop", '"5"'), ("at", "[1]")])
+def test_a_value_its_refd_schema_refuses_keeps_the_call_as_text(arg, value):
+    text = f"<tool_call>\n<function=plot>\n<parameter={arg}>\n{value}\n</parameter>\n</function>\n</tool_call>"
+    parsed = parse(text, QWEN3_CODER, tools=[DEFS])
+    assert parsed.content == text and parsed.calls == () and len(parsed.errors) == 1
+
+
+def test_refs_are_followed_a_bounded_number_of_times():
+    from specchat.llama import xmlcalls
+    chain = {f"D{i}": {"$ref": f"#/$defs/D{i + 1}"} for i in range(100)} | {"D100": {"type": "integer"}}
+    assert xmlcalls.kinds_of({"$ref": "#/$defs/D90"}, {"$defs": chain}) == {"number"}
+    assert xmlcalls.kinds_of({"$ref": "#/$defs/D0"}, {"$defs": chain}) == xmlcalls.KINDS  # past the depth: open
+    # Each def a union of two refs to the next: 2**40 paths, cut off by the budget, not walked.
+    fan = {f"F{i}": {"anyOf": [{"$ref": f"#/$defs/F{i + 1}"}, {"$ref": f"#/$defs/F{i + 1}"}]} for i in range(40)}
+    assert xmlcalls.kinds_of({"$ref": "#/$defs/F0"}, {"$defs": fan | {"F40": {"type": "null"}}}) == xmlcalls.KINDS
+
+
+SEED_TYPED = ("<seed:tool_call>\n<function=edit>\n<parameter=path>42</parameter>\n<parameter=line>7</parameter>\n"
+              "<parameter=dry>True</parameter>\n<parameter=opts>{'deep': [1, {'x': None}]}</parameter>\n"
+              "<parameter=tags>[\"a\", \"b\"]</parameter>\n<parameter=limit>12</parameter>\n"
+              "<parameter=extra>3</parameter>\n</function>\n</seed:tool_call>")
+
+
+def test_seed_oss_values_are_text_where_a_string_is_allowed_else_json():
+    """As llama.cpp's autoparser types Seed-OSS's values: text wherever the schema lets a value be a string
+    (`limit`, integer or string: "12"), JSON (or Python's spelling, as its template writes) where it does not."""
+    expected = whole(SEED_TYPED, SEED_OSS, [TYPED])
+    args = {"path": "42", "line": 7, "dry": True, "opts": {"deep": [1, {"x": None}]}, "tags": ["a", "b"],
+            "limit": "12", "extra": 3}
+    assert [(n, json.loads(a)) for n, a, _ in expected[1]] == [("edit", args)] and expected[2] == []
+    assert streamed(SEED_TYPED, SEED_OSS, list(range(1, len(SEED_TYPED))), [TYPED]) == expected

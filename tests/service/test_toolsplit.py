@@ -206,3 +206,30 @@ def test_tagged_arguments_are_typed_by_the_tools_the_service_was_given():
     events = list(chat.chat(second, GREEDY, "none", tools=[tool]))
     prefill = next(e for e in events if isinstance(e, Prefill))
     assert chat.prompter.continued and prefill.cached >= tokens - 1 and events[-1].text == "Sunny."
+
+
+def test_seed_oss_calls_come_through_the_service_after_its_thinking():
+    """Seed-OSS's `<seed:tool_call>` through the service: its thinking split off first, the call read by the
+    tools' schemas, and the call and result written back through its template into the next prompt."""
+    seed = (TEMPLATES / "ByteDance-Seed-OSS.jinja").read_text()
+    answer = ("<seed:think>Weather wanted.</seed:think>\n<seed:tool_call>\n<function=get_weather>\n"
+              "<parameter=city>75001</parameter>\n</function>\n</seed:tool_call>")
+    chat = service(seed, answer)
+    first = [Message("user", "Weather in Paris?")]
+    done = list(chat.chat(first, GREEDY, "none", tools=[WEATHER]))[-1]
+    assert [(c.name, json.loads(c.arguments)) for c in done.calls] == [("get_weather", {"city": "75001"})]
+    assert (done.thinking, done.reason) == ("Weather wanted.", "tool_calls")
+    chat.target.answer = "Sunny."
+    second = [*first, Message("assistant", done.text, tool_calls=done.calls),
+              Message("tool", "sunny", tool_call_id=done.calls[0].id)]
+    events = list(chat.chat(second, GREEDY, "none", tools=[WEATHER]))
+    assert "<parameter=city>75001</parameter>" in bytes(t for t in chat.last_prompt if t < 256).decode()
+    assert events[-1].text == "Sunny."
+
+
+def test_qwen3_coder_calls_without_their_opening_tag_come_through_the_service():
+    coder = (TEMPLATES / "Qwen3-Coder.jinja").read_text()
+    answer = "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+    done = list(service(coder, answer).chat([Message("user", "Weather?")], GREEDY, "none", tools=[WEATHER]))[-1]
+    assert [(c.name, json.loads(c.arguments)) for c in done.calls] == [("get_weather", {"city": "Paris"})]
+    assert (done.text, done.reason) == ("", "tool_calls")
