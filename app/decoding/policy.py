@@ -124,6 +124,12 @@ def best_k(alpha: float, k_max: int, cost: CostCurve, draft_s: float,
     return best_length(np.full(max(0, k_max), alpha), cost, draft_s, max_loss, setup_s)
 
 
+def could_pay(alpha: float, k_max: int, cost: CostCurve, draft_s: float) -> bool:
+    """Whether guesses drafted at draft_s a token and accepted with probability alpha beat a plain step at some
+    length up to k_max, with nothing to catch up first."""
+    return best_k(alpha, k_max, cost, draft_s)[1] > 1.0 / float(cost.verify(1))
+
+
 def tree_tokens(branches: Sequence[np.ndarray]) -> float:
     """Expected tokens of a step that verifies these copies as one tree, branch b's guess j accepted with
     probability branches[b][j] given those before it. The branches' first tokens differ and cannot both be

@@ -64,6 +64,35 @@ def test_a_draft_left_idle_is_priced_with_its_catching_up():
     assert best_drafter({"draft": 0.8}, lambda name: 30, 4, LAPTOP, float("inf"), plain) is None
 
 
+class Prepared:
+    """A drafter that records the prompts it was brought up to, and is always current after."""
+
+    keep_going = None
+
+    def __init__(self) -> None:
+        self.prepared: list[int] = []
+
+    def prepare(self, context) -> None:
+        self.prepared.append(len(context))
+
+    def constrain(self, allowed) -> None:
+        pass
+
+    def behind(self, context) -> int:
+        return 1
+
+
+def test_a_draft_that_cannot_pay_is_not_brought_up_to_the_prompt():
+    """On the 2-core CPU's curve a draft token costs half a step and never pays, so reading the prompt into it would
+    only delay the first token; on a GPU's it pays, and it reads the prompt before the first step. (Preparing
+    every drafter, as auto did, fails the first.)"""
+    for curve, expected in ((CPU, []), (GPU, [40])):
+        draft = Prepared()
+        auto = AutoGuesser(CostCurve(list(curve.verify_s), curve.draft_s), {"draft": draft})
+        auto.prepare(list(range(40)))
+        assert draft.prepared == expected
+
+
 def test_curve_extrapolates():
     curve = CostCurve([0.01, 0.02, 0.03])
     assert float(curve.verify(5)) == pytest.approx(0.05)
