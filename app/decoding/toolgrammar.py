@@ -9,8 +9,8 @@ and Llama 3.x's bare `{"name": …, "parameters": …}`; and Qwen3-Coder's tagge
 (`<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n</parameter>\\n…`), each value held to its parameter's
 schema where that is not a string (`%json`), else any text up to the first `\\n</parameter>\\n`, as llama.cpp's
 grammar for it has it; Seed-OSS's `<seed:tool_call>` the same, each value on its tag's line up to the first
-`</parameter>\\n`. A typed value's `$ref`s into its parameters schema (`#/$defs/…`) are kept pointing there. Not
-covered: gpt-oss's Harmony channels.
+`</parameter>\\n`. Local `$ref`s (`#/$defs/…`) keep pointing into their tool's parameters schema, in every
+format. Not covered: gpt-oss's Harmony channels.
 
 A marker that the vocabulary holds as one special token is asked for as that token: it is what the model
 writes, and its text spelled out byte by byte would be another answer.
@@ -61,8 +61,8 @@ def tool_constraint(tools: Sequence[Mapping[str, Any]], choice: str, fmt: ToolFo
     what = f"the grammar for tool_choice {choice!r}"
     if fmt.xml:
         return Constraint.lark(_lark_tags(functions, fmt, parallel, tokenizer), tokenizer, what)
-    call = {"anyOf": [_call_schema(f, fmt.args_key) for f in functions]} if len(functions) > 1 else \
-        _call_schema(functions[0], fmt.args_key)
+    calls = [_call_schema(f, fmt.args_key, i) for i, f in enumerate(functions)]
+    call = {"anyOf": calls} if len(calls) > 1 else calls[0]
     return Constraint.lark(_lark(call, fmt, parallel, tokenizer), tokenizer, what)
 
 
@@ -73,11 +73,25 @@ def _function(tool: Mapping[str, Any]) -> dict[str, Any]:
     return dict(function)
 
 
-def _call_schema(function: Mapping[str, Any], args_key: str) -> dict[str, Any]:
-    """One call as the template writes it: the name first, then the arguments under its key."""
-    parameters = function.get("parameters") or {"type": "object"}
+def _call_schema(function: Mapping[str, Any], args_key: str, index: int) -> dict[str, Any]:
+    """One call as the template writes it: the name first, then the arguments under its key, held to the
+    function's parameters schema as a document of its own (`_own_document`; `index`, the function's place
+    among those offered, names it)."""
+    parameters = _own_document(function.get("parameters") or {"type": "object"}, index)
     return {"type": "object", "properties": {"name": {"const": function["name"]}, args_key: parameters},
             "required": ["name", args_key], "additionalProperties": False}
+
+
+def _own_document(parameters: Any, index: int) -> Any:
+    """A parameters schema nested in the call's schema, with its local `$ref`s (`#/$defs/…`,
+    `#/definitions/…`, `#`) still pointing into itself: an `$id` makes it a document of its own, the base
+    those refs resolve against (llguidance follows JSON Schema's `$id`). Copying its definitions up to the
+    call's root instead, as `_with_defs` does for one value, would let two tools' like-named definitions
+    clash. A schema with an `$id` of its own keeps it: its refs resolve against that already. A ref to another
+    document stays one that llguidance does not fetch: the schema cannot be compiled, as before."""
+    if not isinstance(parameters, Mapping) or "$id" in parameters:
+        return parameters
+    return {"$id": f"json-schema:///specchat-tool-{index}.json", **parameters}
 
 
 def _lark(call: dict[str, Any], fmt: ToolFormat, parallel: bool, tokenizer: llguidance.LLTokenizer) -> str:

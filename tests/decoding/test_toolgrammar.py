@@ -150,6 +150,60 @@ def test_tagged_arguments_behind_refs_are_held_to_the_schemas_they_point_to():
         assert isinstance(args["days"], int) and valid_forecast(args), text
 
 
+
+# REFD closed, so that a JSON call ends (the tagged form names only the parameters there are).
+CLOSED_REFD = {"type": "function", "function": {"name": "forecast", "parameters": {
+    **REFD["function"]["parameters"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, LLAMA3])
+def test_json_arguments_behind_refs_are_held_to_the_schemas_they_point_to(fmt):
+    """The arguments sit inside the call's schema, but their refs still point into their tool's parameters."""
+    constraint = tool_constraint([TIME, CLOSED_REFD], "forecast", fmt, toy.text())
+    for seed in (0, 1, None):
+        text = answer(constraint, LookupGuesser(), seed, max_tokens=400)
+        parsed = parse(text, fmt)
+        assert parsed.errors == () and parsed.content == "" and [c.name for c in parsed.calls] == ["forecast"], text
+        args = json.loads(parsed.calls[0].arguments)
+        assert isinstance(args["days"], int) and valid_forecast(args), text
+
+
+def hourly(name: str, hours: list[int]) -> dict:
+    """A tool whose one argument is an hour from `hours`, behind a definition every such tool calls Hour."""
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {
+        "at": {"$ref": "#/$defs/Hour"}}, "required": ["at"], "additionalProperties": False,
+        "$defs": {"Hour": {"enum": hours}}}}}
+
+
+EARLY, LATE = hourly("early", [6, 7]), hourly("late", [20, 21])
+
+
+def test_two_tools_definitions_of_one_name_stay_each_its_own():
+    tokenizer = toy.text()
+    constraint = tool_constraint([EARLY, LATE], "required", HERMES, tokenizer, parallel=False)
+    for name, digits in (("early", "67"), ("late", "2")):
+        matcher = constraint.start()
+        matcher.consume(tokenizer.tokenize_str(f'<tool_call>\n{{"name": "{name}", "arguments": {{"at": '))
+        assert np.flatnonzero(matcher.allowed()).tolist() == [ord(d) for d in digits], name
+    for seed in range(4):
+        parsed = parse(answer(constraint, seed=seed), HERMES)
+        assert parsed.errors == () and len(parsed.calls) == 1
+        hour = json.loads(parsed.calls[0].arguments)["at"]
+        assert hour in ((6, 7) if parsed.calls[0].name == "early" else (20, 21)), parsed.calls
+
+
+TREE = {"type": "function", "function": {"name": "tree", "parameters": {"type": "object", "properties": {
+    "n": {"type": "integer"}, "kid": {"$ref": "#"}}, "required": ["n"], "additionalProperties": False}}}
+
+
+def test_a_ref_to_the_root_is_to_the_parameters_not_the_call():
+    tokenizer = toy.text()
+    matcher = tool_constraint([TREE], "tree", HERMES, tokenizer).start()
+    matcher.consume(tokenizer.tokenize_str('<tool_call>\n{"name": "tree", "arguments": {"n": 1, "kid": {"n'))
+    assert np.flatnonzero(matcher.allowed()).tolist() == [ord('"')]  # "n", not "name"
+    matcher.consume(tokenizer.tokenize_str('": 2}}}\n</tool_call>'))
+    assert np.flatnonzero(matcher.allowed()).tolist() == [257]  # the end
+
 def test_parallel_tagged_calls_follow_one_another():
     constraint = tool_constraint([FORECAST], "required", QWEN3_CODER, toy.text())
     target = ScriptedModel(7, 2.0, text=True, order=1, n_ctx=1024)  # room for a few calls of 140 bytes
@@ -181,6 +235,9 @@ def test_a_tagged_string_runs_to_the_first_closing_tag_on_its_own_line():
     ([WEATHER], "required", None, "cannot be enforced for this model: its chat template's tool calls"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "x": {"type": "string", "pattern": "(?<=a)b"}}}}}], "f", HERMES, "cannot be compiled"),
+    # A ref to another document: llguidance fetches none.
+    ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"$ref": "https://example.com/x.json"}}}}}], "f", HERMES, "cannot be compiled"),
 ])
 def test_what_cannot_be_enforced_is_one_line(tools, choice, fmt, why):
     with pytest.raises(SpecchatError) as caught:
