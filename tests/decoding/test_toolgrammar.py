@@ -107,30 +107,23 @@ def valid_forecast(args: dict) -> bool:
         and len(hours) <= 2
 
 
-def test_tagged_arguments_are_held_to_their_schemas():
-    """Qwen3-Coder's form: each typed value is JSON its schema allows, on its own line between its tags, and the
-    call parses back (by the same schemas) whole."""
-    constraint = tool_constraint([FORECAST, TIME], "forecast", QWEN3_CODER, toy.text())
-    for seed in (0, 1, 2, None):
+@pytest.mark.parametrize("fmt, seeds, opens, closes", [
+    (QWEN3_CODER, (0, 1, 2, None), "<tool_call>\n<function=forecast>\n<parameter=days>\n",
+     "\n</parameter>\n</function>\n</tool_call>"),
+    (SEED_OSS, (0, 1, None), "<seed:tool_call>\n<function=forecast>\n<parameter=days>",
+     "</parameter>\n</function>\n</seed:tool_call>"),
+])
+def test_tagged_arguments_are_held_to_their_schemas(fmt: ToolFormat, seeds: tuple[int | None, ...], opens: str,
+                                                    closes: str):
+    """Qwen3-Coder's form (each typed value on its own line between its tags) and Seed-OSS's (each on its tag's
+    line): the typed values are JSON their schemas allow, and the call parses back (by the same schemas) whole."""
+    constraint = tool_constraint([FORECAST, TIME], "forecast", fmt, toy.text())
+    for seed in seeds:
         text = answer(constraint, LookupGuesser(), seed, max_tokens=400)
-        parsed = parse(text, QWEN3_CODER, tools=[FORECAST, TIME])
+        parsed = parse(text, fmt, tools=[FORECAST, TIME])
         assert parsed.errors == () and parsed.content == "" and [c.name for c in parsed.calls] == ["forecast"], text
         assert valid_forecast(json.loads(parsed.calls[0].arguments)), text
-        assert text.startswith("<tool_call>\n<function=forecast>\n<parameter=days>\n"), text
-        assert text.endswith("\n</parameter>\n</function>\n</tool_call>"), text
-
-
-def test_seed_oss_tagged_arguments_are_held_to_their_schemas():
-    """Seed-OSS's form: each value on its tag's line, the typed ones JSON their schemas allow, and the call
-    parses back whole."""
-    constraint = tool_constraint([FORECAST, TIME], "forecast", SEED_OSS, toy.text())
-    for seed in (0, 1, None):
-        text = answer(constraint, LookupGuesser(), seed, max_tokens=400)
-        parsed = parse(text, SEED_OSS, tools=[FORECAST, TIME])
-        assert parsed.errors == () and parsed.content == "" and [c.name for c in parsed.calls] == ["forecast"], text
-        assert valid_forecast(json.loads(parsed.calls[0].arguments)), text
-        assert text.startswith("<seed:tool_call>\n<function=forecast>\n<parameter=days>"), text
-        assert text.endswith("</parameter>\n</function>\n</seed:tool_call>"), text
+        assert text.startswith(opens) and text.endswith(closes), text
 
 
 # FORECAST with its parameters' schemas behind local refs, one a ref to a ref.
