@@ -249,9 +249,12 @@ class RemoteBackend:
                 got.last = now
         except (openai.APIError, OSError, RuntimeError) as e:
             # A stream closed by the watcher fails in whatever way the transport fails.
-            if not cancel.is_set():
-                raise SpecchatError(self._explain(e) if isinstance(e, openai.APIError) else
-                                    f"the connection to {self.root} broke: {e}") from None
+            if cancel.is_set():
+                return
+            if got.chunks or not isinstance(e, openai.APIError):  # reached, then lost: not a server never there
+                raise SpecchatError(f"the connection to the server at {self.root} dropped in the middle of the answer "
+                                    f"({_root_cause(e)}); is it still running?") from None
+            raise SpecchatError(self._explain(e)) from None
         finally:
             ended.set()
             stream.close()

@@ -404,6 +404,8 @@ def test_a_connection_dropped_mid_answer_is_one_line_after_the_text_before_it():
             for event in backend.chat([Message("user", "Say hello")], GenerationConfig(), "auto", threading.Event()):
                 events.append(event)
     assert "\n" not in str(e.value) and server.url in str(e.value)
+    # The server was reached and then lost: said so, not as a server that was never there.
+    assert "dropped in the middle of the answer" in str(e.value) and "cannot reach" not in str(e.value), e.value
     assert "".join(c.text for c in events if isinstance(c, Chunk)) == "".join(server.words()[:3])
 
 
