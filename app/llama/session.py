@@ -324,10 +324,11 @@ class Session:
             raise ValueError(f"a tree of {len(tokens)} nodes and {len(leaves)} leaves needs an attention cache "
                              "with as many sequences, a batch that holds it, and nothing following the cache")
         start = len(self.tokens)
-        depth, seqs = tree_layout(parents, leaves)
-        if start + 2 + max(depth, default=-1) > self.model.n_ctx:
-            raise ContextFull(f"the conversation needs {start + 2 + max(depth)} tokens but the context holds "
+        # Every node takes a cell of the one unified cache, whatever its depth: the room a tree needs is its size.
+        if start + 1 + len(tokens) > self.model.n_ctx:
+            raise ContextFull(f"the conversation needs {start + 1 + len(tokens)} tokens but the context holds "
                               f"{self.model.n_ctx} (start a new conversation or raise --ctx)")
+        depth, seqs = tree_layout(parents, leaves)
         b = self._fill_tree(pending, tokens, start, depth, seqs, len(leaves))
         try:
             self.tokens.append(pending)  # before the call: an interruption cuts back to `start`

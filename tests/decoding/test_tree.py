@@ -225,16 +225,18 @@ def test_a_tree_evaluates_each_path_as_that_path_alone(smol_trees):
 
 
 @pytest.mark.real
-def test_a_tree_deeper_than_the_room_left_is_context_full_and_leaves_the_cache_as_it_was(smol_trees):
-    """The deepest path (11 -> 13 -> 14) needs the pending token and three positions after the cache: one position
-    short, the tree is refused before anything is decoded; with room for its seven cells it goes in."""
+def test_a_tree_larger_than_the_room_left_is_context_full_and_leaves_the_cache_as_it_was(smol_trees):
+    """The tree's seven cells (the pending token and six nodes) must fit the cache, though its deepest path
+    (11 -> 13 -> 14) reaches only four positions on: with room for five, the tree is refused before anything is
+    decoded and the cache stays (judged by depth, as it was, llama.cpp found no cells, and the cache was lost);
+    with room for its seven it goes in."""
     session = smol_trees.session
     n_ctx = smol_trees.n_ctx
     session.rewind(0)
-    session.decode([20] * (n_ctx - 3), "none")
-    with pytest.raises(ContextFull, match=f"needs {n_ctx + 1} tokens"):
+    session.decode([20] * (n_ctx - 5), "none")
+    with pytest.raises(ContextFull, match=f"needs {n_ctx + 2} tokens"):
         session.decode_tree(21, TREE_TOKENS, TREE_PARENTS)
-    assert session.tokens == [20] * (n_ctx - 3)
+    assert session.tokens == [20] * (n_ctx - 5)
     session.rewind(n_ctx - 1 - len(TREE_TOKENS))
     session.decode_tree(21, TREE_TOKENS, TREE_PARENTS)
     session.keep_path([0, 2, 3])
