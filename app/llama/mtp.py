@@ -98,6 +98,7 @@ class MtpHead:
         sets the hidden size."""
         target = self.target
         if llama_cpp.llama_model_n_layer_nextn(model) < 1:
+            self.close()  # an assistant's weights, loaded for nothing
             raise SpecchatError(f"{what}: no MTP (NextN) layers to draft with")
         self.n_embd = int(llama_cpp.llama_model_n_embd_out(model) or llama_cpp.llama_model_n_embd(model))
         target_embd = int(llama_cpp.llama_model_n_embd_out(target._model.model) or

@@ -435,6 +435,22 @@ def test_a_target_without_mtp_layers_has_no_head_and_says_so_in_one_line(targets
     assert targets["mamba2"].session.followers == []
 
 
+def test_an_assistant_without_mtp_layers_is_refused_in_one_line_and_its_weights_freed(files, monkeypatch):
+    """Gemma 4's own file given as its assistant: its shapes agree, but it has no MTP layers. Refused, and the
+    weights loaded to find that out are closed, not left to the garbage collector."""
+    target = model(files["gemma4"], n_ctx=256)
+    closed: list[object] = []
+    close = llama_cpp._internals.LlamaModel.close
+    monkeypatch.setattr(llama_cpp._internals.LlamaModel, "close", lambda self: (closed.append(self), close(self))[1])
+    try:
+        with pytest.raises(SpecchatError) as error:
+            MtpHead(target, files["gemma4"])
+        assert str(error.value) == "gemma4.gguf: no MTP (NextN) layers to draft with"
+        assert len(closed) == 1 and target.session.followers == []
+    finally:
+        target.close()
+
+
 def test_an_assistant_of_another_hidden_size_is_refused_in_one_line(files, monkeypatch):
     """The shapes the metadata gives agree, the hidden state llama.cpp hands over does not: refused before a
     context is made, the target left as it was."""
