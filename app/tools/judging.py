@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from specchat.decoding.guessers import AutoGuesser, BaseGuesser, Proposal
+from specchat.decoding.guessers import AutoGuesser, BaseGuesser, LookupGuesser, Proposal
 from specchat.decoding.policy import PRIORS, CostCurve, Priors
 from specchat.decoding.sampling import SamplingConfig
 from specchat.llama.session import reusable
@@ -94,3 +94,34 @@ def judge(answers: Iterable[Answer], curve: CostCurve, priors: Priors | None = N
         plain_s, auto_s, oracle_s = plain_s + plain, auto_s + auto, oracle_s + (oracle(a, curve) if bound else 0.0)
         worst, n = min(worst, plain / auto), n + 1
     return Judged(plain_s, auto_s, oracle_s, worst if n else 1.0, n)
+
+
+# The fixed choices auto is judged against (issue 41's regret): plain decoding, and lookup and the draft at a small
+# grid of lengths, each sending as many guesses as it has every step, whatever happened before.
+FIXED_LENGTHS = {"lookup": (1, 2, 4, 8, 16), "draft": (1, 2, 3, 4)}
+
+
+def fixed_choice(name: str, k: int, answer: Answer, curve: CostCurve) -> BaseGuesser | None:
+    """The guesser that always sends up to k guesses of `name` ("lookup" or "draft"); None where the answer
+    cannot replay it (no draft recorded: sampled answers)."""
+    if name == "draft":
+        if not answer.draft_guess or answer.temperature != 0:
+            return None
+        guesser: BaseGuesser = RecordedDraft(answer, curve)
+    else:
+        guesser = LookupGuesser()
+    guesser.default_draft_length = k  # an instance's own length: the replay sends that many where it can
+    return guesser
+
+
+def fixed_speedups(answers: Sequence[Answer], curve: CostCurve) -> dict[str, float]:
+    """Each fixed choice's speedup over plain decoding on these answers, seconds summed ("plain": 1), by name
+    ("lookup k=4"); a choice some answer cannot replay is left out."""
+    plain_s = sum(float(curve.verify(1)) * len(a.answer) for a in answers)
+    found = {"plain": 1.0}
+    for name, lengths in FIXED_LENGTHS.items():
+        for k in lengths:
+            guessers = [fixed_choice(name, k, a, curve) for a in answers]
+            if answers and all(g is not None for g in guessers):
+                found[f"{name} k={k}"] = plain_s / sum(replay(a, curve, g)[0] for a, g in zip(answers, guessers))
+    return found

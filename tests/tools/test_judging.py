@@ -4,9 +4,10 @@ fate is known."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from specchat.decoding.policy import CostCurve, Priors
-from specchat.tools.judging import auto_for
+from specchat.tools.judging import auto_for, fixed_speedups
 from specchat.tools.recorded import Answer
 from specchat.tools.replay import replay
 
@@ -23,3 +24,18 @@ def test_replay_follows_the_recorded_draft_and_auto_learns_to_use_it():
     wrong = Answer("open", "fit", 0.0, (1, 2, 3), tuple(answer), tuple(t + 1 for t in answer), (0.95,) * 200)
     seconds, _ = replay(wrong, FLAT, auto_for(wrong, FLAT, Priors(drafter=0.8)))
     assert len(answer) / seconds > 0.95
+
+
+def test_fixed_choices_send_their_length_every_step_and_the_draft_only_where_recorded():
+    """The choices auto's regret is judged against: on an answer that copies its prompt whole, lookup sending 16
+    at a time beats sending 1, both beat plain (1 by definition), and a perfect recorded draft at k=4 makes 5
+    tokens a step; on a sampled answer, which records no draft, the draft is left out."""
+    rng = np.random.default_rng(2)
+    prompt = tuple(rng.integers(100, 900, 120).tolist())
+    copied = Answer("rewrite", "held-out", 0.0, prompt, prompt, prompt, (0.95,) * len(prompt))
+    fixed = fixed_speedups([copied], FLAT)
+    assert fixed["plain"] == 1.0 and fixed["lookup k=16"] > fixed["lookup k=1"] > 1.0
+    # A perfect draft at k=4: 5 tokens for 4 draft tokens and a 5-position check (1.08 + 0.4), less catching up.
+    assert fixed["draft k=4"] == pytest.approx(5 / 1.48, rel=0.05)
+    sampled = Answer("rewrite", "held-out", 0.7, prompt, prompt)
+    assert not any(name.startswith("draft") for name in fixed_speedups([sampled], FLAT))
