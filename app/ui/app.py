@@ -7,6 +7,7 @@ messages; it applies settings and opens the rewrite screen. Everything about cha
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -35,6 +36,17 @@ from specchat.ui.screens import ErrorScreen, HelpScreen, SettingsScreen
 
 if TYPE_CHECKING:
     from specchat.mcptools.toolbox import Toolbox
+
+
+def settle_memory() -> None:
+    """What is alive once the models have loaded (modules, styles, the screen, the models' Python side) lives as
+    long as the session: frozen out of Python's garbage collector, whose full collections walk every object there
+    is. One came at a random moment of an answer every few answers and took the UI thread 50-90 ms (bench/ui_cost:
+    more than the drawing of the whole answer otherwise takes); the young objects an answer makes are still
+    collected. Run again after a reload, so what the old models left is collected first, not frozen."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 class BackendProgress(TMessage):
@@ -205,6 +217,7 @@ class SpecchatApp(App[None]):
         self.chat.answers.reset_stats()
         self.chat.answers.show_context(None)
         self.chat.refresh_bindings()
+        settle_memory()
         if self.rewrite_file is not None:
             path, self.rewrite_file = self.rewrite_file, None
             self.open_rewrite(path)

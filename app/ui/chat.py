@@ -123,7 +123,9 @@ class ChatScreen(Screen[None]):
                       "search", "select", "branch", "tools"}
     NEEDS_MODELS = {"regenerate", "rewrite", "cycle_guesser"}
 
-    busy: reactive[bool] = reactive(False, bindings=True)
+    # Nothing the screen itself draws depends on it (the key line follows the bindings): a repaint would redraw
+    # the whole screen at the start and the end of every answer.
+    busy: reactive[bool] = reactive(False, repaint=False, bindings=True)
     """An answer is streaming."""
 
     def watch_busy(self, busy: bool) -> None:

@@ -8,7 +8,6 @@ from dataclasses import replace
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
-from rich.cells import cell_len
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
@@ -436,13 +435,18 @@ class StatsPanel(Vertical):
 
     def _set(self, name: str, text: str) -> None:
         """Redraw one of the panel's parts if its text changed, and lay the screen out again only if its height
-        may have: while an answer streams, every layout of the whole screen is time the decoding loses."""
+        did: while an answer streams, every layout of the whole screen is time the decoding loses. The height is
+        measured as drawn, wrapped lines included (a model's name longer than the panel is wide wraps, and a
+        check of each line against the width laid the screen out at every redraw of the numbers)."""
         widget = self.query_one(f"#{name}", Static)
-        old = self._shown.get(name)
-        if text == old:
+        if text == self._shown.get(name):
             return
         self._shown[name] = text
         width = widget.content_size.width
-        lines = text.split("\n")
-        fits = old is not None and len(lines) == old.count("\n") + 1 and all(cell_len(line) < width for line in lines)
-        widget.update(text, layout=not fits)
+        if not width:  # not laid out yet, or hidden: the layout that shows it sizes it
+            widget.update(text)
+            return
+        widget.update(text, layout=False)
+        # Against the height it was last laid out at, not the old text's: a layout may still be due.
+        if widget.get_content_height(widget.content_size, self.app.size, width) != widget.content_size.height:
+            widget.refresh(layout=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
 import pytest
@@ -225,6 +226,17 @@ async def test_another_pair_closes_the_old_backend_and_loads_a_new_one(tmp_path)
         assert made[1][0].pair == "smollm2-self" and app.backend is made[1][1]
         app.apply_settings(replace(app.settings, guesser="lookup"))  # not a pair change: nothing reloads
         assert app.ready and len(made) == 2  # a reload would have begun in apply_settings itself
+
+
+async def test_what_lives_as_long_as_the_session_is_left_out_of_full_garbage_collections(tmp_path):
+    """A full collection walks every object Python tracks: one at a random moment of an answer took the UI thread
+    50-90 ms, more than drawing the whole answer. What is alive once the models have loaded is frozen out of them."""
+    gc.unfreeze()
+    app = make_app(tmp_path)
+    async with app.run_test() as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        assert gc.get_freeze_count() > 10_000  # the modules, the styles, the screen
+        assert not any(o is app.chat for o in gc.get_objects())  # what collections walk leaves the screen out
 
 
 class BrokenBackend(FakeBackend):

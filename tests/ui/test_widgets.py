@@ -3,6 +3,8 @@ an answer streams into it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -45,6 +47,44 @@ async def test_a_rewrite_in_parts_is_measured_against_each_parts_own_plain_steps
         speedup, busy = panel.speedup()
         assert speedup == pytest.approx((21 * 0.1 + 21 * 0.05) / decode) and not busy
         assert "baseline 13.3 tok/s: plain steps at this answer's moments" in str(panel.query_one("#baseline").render())
+
+
+class Panel(App[None]):
+    CSS = "StatsPanel { width: 34; padding: 0 1; }"  # as narrow as the chat screen's
+
+    def compose(self) -> ComposeResult:
+        yield StatsPanel()
+
+
+async def test_the_panels_numbers_lay_the_screen_out_only_when_their_height_changes():
+    """Every layout is of the whole screen, time the decoding loses. A model's name wider than the panel wraps:
+    the numbers' redraws kept laying the screen out although their height never changed. Their height still
+    follows their lines: a line more (figures a server reported) grows the panel."""
+    async with Panel().run_test(size=(80, 40)) as pilot:
+        panel = pilot.app.query_one(StatsPanel)
+        numbers = panel.query_one("#numbers")
+        panel.reset("a-target-model-Q4_K_M + a-draft-model-Q8_0", None)
+        await pilot.pause()
+        laid_out = []
+        refresh = numbers.refresh
+
+        def spy(*regions, **kwargs):
+            laid_out.append(kwargs.get("layout", False))
+            return refresh(*regions, **kwargs)
+
+        numbers.refresh = spy
+        height = numbers.size.height
+        for n in range(5):
+            panel.add([Step((Token(n, "a", Source.DRAFT), Token(n + 1, "b", Source.BONUS)), "ab", 1, 1, 0.0,
+                            0.01 * (n + 1))])
+            panel.flush()
+            await pilot.pause()
+        assert len(laid_out) >= 5 and not any(laid_out) and numbers.size.height == height
+        steps, done = part(10, 0.1, 0.2)
+        panel.finish(replace(done, figures="the server's report"))  # a "figures" line more
+        await pilot.pause()
+        assert any(laid_out) and numbers.size.height == height + 1
+        assert "the server's report" in str(numbers.render())
 
 
 class Keys(App[None]):
