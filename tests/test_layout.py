@@ -328,6 +328,11 @@ def _upward(frame) -> str | None:
            f"{frame.f_globals['__name__']}.{frame.f_code.co_qualname}"
 
 
+# llama.cpp's log callback is called by llama.cpp from wherever it is: a model the garbage collector frees in the
+# middle of another module's work logs, and the frame below the callback is that work's, not a caller's.
+C_CALLBACKS = {("specchat.llama.loading", "_log")}
+
+
 class Trace:
     """Every call into specchat while `on`: the modules in the order first entered (`walk`), the stacks that
     hold a module twice, and the calls that go up a layer (a few of each, enough to say what went wrong)."""
@@ -339,7 +344,8 @@ class Trace:
         self.upward: list[str] = []
 
     def profile(self, frame, event, arg) -> None:
-        if not self.on or event != "call" or not frame.f_globals.get("__name__", "").startswith("specchat."):
+        if not self.on or event != "call" or not frame.f_globals.get("__name__", "").startswith("specchat.") \
+                or (frame.f_globals["__name__"], frame.f_code.co_qualname) in C_CALLBACKS:
             return
         stack = _stack_modules(frame)
         # The stack's outer modules were entered first; the walk keeps that order.
