@@ -79,8 +79,8 @@ MISTRAL = ToolFormat("mistral", ("[TOOL_CALLS]",), array=True)
 GRANITE = ToolFormat("granite", ("<|tool_call|>",), array=True)
 LLAMA3 = ToolFormat("llama3", ("<|python_tag|>",), args_key="parameters", bare=True)
 HARMONY = ToolFormat("harmony", harmony=True)
-QWEN3_CODER = ToolFormat("qwen3-coder", (xmlcalls.OPEN,), xmlcalls.END, tags=xmlcalls.QWEN, bare_function=True)
-XML_TAGS = ToolFormat("xml-tags", (xmlcalls.OPEN,), xmlcalls.END, tags=xmlcalls.QWEN)  # Nemotron 3 Nano, Qwen3.5
+QWEN3_CODER = ToolFormat("qwen3-coder", (xmlcalls.QWEN.open,), xmlcalls.QWEN.end, tags=xmlcalls.QWEN, bare_function=True)
+XML_TAGS = ToolFormat("xml-tags", (xmlcalls.QWEN.open,), xmlcalls.QWEN.end, tags=xmlcalls.QWEN)  # Nemotron 3 Nano, Qwen3.5
 SEED_OSS = ToolFormat("seed-oss", (xmlcalls.SEED.open,), xmlcalls.SEED.end, tags=xmlcalls.SEED)
 
 START, CHANNEL, MESSAGE, END, CALL = "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>"

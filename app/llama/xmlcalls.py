@@ -43,12 +43,11 @@ class Tags:
     seed: bool = False
 
 
+# llama.cpp's value ends: Qwen3-Coder's value may hold a `</parameter>` that no newline surrounds.
 QWEN = Tags("<tool_call>", "</tool_call>", "\n</parameter>\n", "\n")
 SEED = Tags("<seed:tool_call>", "</seed:tool_call>", "</parameter>\n", "", seed=True)
 
-OPEN, END = QWEN.open, QWEN.end
 PARAMETER = "<parameter="
-VALUE_END = QWEN.value_end  # llama.cpp's: a value may hold `</parameter>` that no newline surrounds
 KINDS = frozenset({"string", "number", "boolean", "object", "array", "null"})
 REF_DEPTH = 32  # $refs followed one through another before the schema is taken as open
 REF_BUDGET = 256  # $refs followed in all for one parameter (refs to refs in unions could multiply without end)
