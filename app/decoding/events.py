@@ -139,16 +139,12 @@ class Stats:
         return min(self.produced * plain_s / self.decode_s, max(1.0, self.tokens_per_step))
 
 
-ENGINE_FIGURES = "engine"  # Done.figures when the stats are the engine's own count of its steps
-
-
 @dataclass(frozen=True)
 class Done:
     reason: str  # "eog", "max_tokens", "stop", "cancelled", "context_full"; "tool_calls": it ended after calls
     text: str  # the whole answer
     token_ids: tuple[int, ...]  # every generated token, the end-of-generation token included
     stats: Stats
-    figures: str = ENGINE_FIGURES  # where `stats` come from (a server reports its own, or only a stream)
 
 
 Event = Union[Prefill, Step, Done]

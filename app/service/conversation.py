@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
-from specchat.decoding.events import ENGINE_FIGURES
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message, ToolCall
-from specchat.service.events import Answered
+from specchat.service.events import ENGINE_FIGURES, Answered
 from specchat.store.conversations import Store, StoredMessage
 from specchat.store.files import atomic_write
 

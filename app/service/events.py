@@ -16,6 +16,7 @@ from specchat.llama.template import ToolCall
 
 BUSY_SLOWDOWN = 1.5  # steps this much slower than the machine's curve: something else was running
 BUSY_CONTENTION = 0.25  # or other programs took this many of the cores llama.cpp's threads needed
+ENGINE_FIGURES = "engine"  # Answered.figures when the stats are the engine's own count of its steps
 
 
 def _facts(event: Step | Done) -> dict[str, Any]:
@@ -59,6 +60,8 @@ class Answered(Done):
     # The answer's tool calls, split out of `text` (asked with tools), or read from a server's `tool_calls` by
     # the remote backend.
     calls: tuple[ToolCall, ...] = ()
+    # Where `stats` come from: the engine's own steps, or what a server reported (`specchat.service.remote`).
+    figures: str = ENGINE_FIGURES
 
     @classmethod
     def of(cls, done: Done, **facts: Any) -> Answered:

@@ -6,7 +6,7 @@ chunk, a Done), so the UI, the stats panel and the store treat a remote answer l
 offered to the model go to the server as OpenAI's `tools` and `tool_choice`; the calls it streams back
 (`delta.tool_calls`, in pieces) end the answer as the local service's do: on the Done's `calls`, its reason
 "tool_calls", so that the agent loop runs them the same way. Done's Stats carry the best figures the server
-reports, and Done's `figures` says which they are:
+reports, and the Answered's `figures` says which they are:
 
 - llama-server and `specchat serve` put a `timings` object on the last chunk: drafted, accepted,
   and the server's own decode time, for this answer alone;
@@ -276,7 +276,7 @@ class RemoteBackend:
             stats = stats_from_counters(before, self._counters(), n_prompt, n_tokens, prefill_s, stream_s)
         else:
             figures, stats = STREAM, stats_from_stream(n_prompt, n_tokens, prefill_s, stream_s)
-        return Answered(reason, "".join(got.text), (), stats, figures, thinking="".join(got.thinking).strip(),
+        return Answered(reason, "".join(got.text), (), stats, figures=figures, thinking="".join(got.thinking).strip(),
                         calls=calls)
 
     def _counters(self) -> dict[str, float]:

@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from textual.widgets import Static
 
-from specchat.decoding.events import ENGINE_FIGURES
 from specchat.llama.template import Message
 from specchat.mcptools.agent import RoundsSpent, ToolRan
 from specchat.service import choices
 from specchat.service.choices import generation
 from specchat.service.conversation import ToolChoice, thinking_line
-from specchat.service.events import BackendEvent
+from specchat.service.events import ENGINE_FIGURES, BackendEvent
 from specchat.ui.conversations import ConversationList
 from specchat.ui.streaming import GenerationBatch, Pump
 from specchat.ui.widgets import MessageView, StatsPanel, ToolView, call_line

@@ -15,9 +15,9 @@ from textual.containers import Vertical
 from textual.content import Content, Span
 from textual.widgets import Collapsible, Markdown, Static
 
-from specchat.decoding.events import ENGINE_FIGURES, Source, Stats, Step
+from specchat.decoding.events import Source, Stats, Step
 from specchat.service.backend import Baseline
-from specchat.service.events import Answered, Chunk
+from specchat.service.events import ENGINE_FIGURES, Answered, Chunk
 from specchat.ui.streaming import Piece
 
 SOURCE_STYLE = {

@@ -23,7 +23,7 @@ class Clock:
 
 def done(text: str, reason: str = "eog", figures: str = "engine") -> Answered:
     return Answered(reason, text, (1, 2, 3), Stats(n_prompt=9, n_tokens=3, steps=2, drafted=2, accepted=1,
-                                                   draft_s=0.1, verify_s=0.2), figures)
+                                                   draft_s=0.1, verify_s=0.2), figures=figures)
 
 
 def make(tmp_path: Path) -> tuple[Store, ConversationController, Clock]:

@@ -19,7 +19,7 @@ from specchat.service.events import Answered, Said
 from specchat.service.pair import LoadedPair
 
 SAID = {"thinking", "calls"}  # what the service tells of a step
-ANSWERED = {"plain_s", "slowdown", "contention", "thinking", "thinking_tokens", "thinking_s", "calls"}
+ANSWERED = {"plain_s", "slowdown", "contention", "thinking", "thinking_tokens", "thinking_s", "calls", "figures"}
 JUDGED = {"speedup", "busy", "busy_why", "thinking_tokens_per_s"}  # read off what the service told
 SEEDED = GenerationConfig(max_tokens=12, sampling=SamplingConfig(seed=1))  # a seeded answer teaches no curve
 
