@@ -5,6 +5,8 @@ from __future__ import annotations
 import codecs
 from typing import Sequence
 
+from specchat.llama.template import held_back
+
 
 class TextStream:
     """Feed each token's bytes; get back the text that is safe to show.
@@ -37,7 +39,7 @@ class TextStream:
             self.stopped = True
             out, self._held = self._held[:min(ends)[1]], ""
             return out
-        keep = max((_overlap(self._held, s) for s in self._stop), default=0)
+        keep = held_back(self._held, self._stop)
         out = self._held[: len(self._held) - keep]
         self._held = self._held[len(out):]
         return out
@@ -49,11 +51,3 @@ class TextStream:
         out = self._held + self._decoder.decode(b"", final=True)
         self._held = ""
         return out
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest suffix of text that is a proper prefix of stop."""
-    for n in range(min(len(text), len(stop) - 1), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0

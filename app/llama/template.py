@@ -85,6 +85,18 @@ class ChatTemplate:
         return reply
 
 
+def held_back(text: str, markers: Sequence[str]) -> int:
+    """How much of text's end to hold back while streaming: the longest suffix that is a proper prefix of a
+    marker (a stop string, a tool call's or a thinking's opening), which the next piece of text may complete."""
+    best = 0
+    for marker in markers:
+        for n in range(min(len(text), len(marker) - 1), best, -1):
+            if text.endswith(marker[:n]):
+                best = n
+                break
+    return best
+
+
 def _message(m: Message) -> dict[str, Any]:
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.thinking:

@@ -36,6 +36,7 @@ beside it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import string
@@ -44,7 +45,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from specchat.errors import SpecchatError
 from specchat.llama import xmlcalls
-from specchat.llama.template import ChatTemplate, Message, ToolCall
+from specchat.llama.template import ChatTemplate, Message, ToolCall, held_back
 
 __all__ = ["GRANITE", "HARMONY", "HERMES", "LLAMA3", "MISTRAL", "QWEN3_CODER", "SEED_OSS", "XML_TAGS", "Delta", "Parsed",
            "Splitter", "ToolCall", "ToolFormat", "format_of", "new_id", "parse"]
@@ -115,10 +116,10 @@ def format_of(template: ChatTemplate) -> ToolFormat | None:
         called = template.render([user, Message("assistant", "", tool_calls=(call,))], False, tools=[PROBE_TOOL])
     except SpecchatError:
         return None
-    head = _common(plain, called)
+    head = len(os.path.commonprefix([plain, called]))
     after = plain[plain.find(_ANSWER) + len(_ANSWER):] if _ANSWER in plain else ""
     tail = called[head:]
-    body = tail[:len(tail) - _common(after[::-1], tail[::-1])]  # less what closes the turn either way
+    body = tail[:len(tail) - len(os.path.commonprefix([after[::-1], tail[::-1]]))]  # less what closes the turn either way
     if body.strip() == _XML_PROBE:  # llama.cpp's qwen3-coder.cpp: no <think>, Qwen3-Coder, which may drop <tool_call>
         return XML_TAGS if "<think>" in template.source else QWEN3_CODER
     if body.strip() == _SEED_PROBE:
@@ -139,15 +140,6 @@ def format_of(template: ChatTemplate) -> ToolFormat | None:
     markers = tuple(m for m in (marker, PYTHON_TAG if PYTHON_TAG in template.source else "") if m)
     name = {"<tool_call>": "hermes", "[TOOL_CALLS]": "mistral"}.get(marker, "llama3" if not marker else "json")
     return ToolFormat(name, markers, end, isinstance(value, list), args_key, bare=not marker)
-
-
-def _common(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _json_around(text: str, at: int) -> tuple[Any, int, int] | None:
@@ -359,7 +351,7 @@ class Splitter:
             at, marker = min(hits)
             self._begin(marker, at, out)
             return True
-        keep = 0 if final else _overlap(held, markers)
+        keep = 0 if final else held_back(held, markers)
         self._content(held[:len(held) - keep], out)
         self._held = held[len(held) - keep:]
         return False
@@ -487,7 +479,7 @@ class Splitter:
         if self._fresh and held.startswith(RECIPIENT):
             starts.append(0)  # the recipient right after the generation prompt's <|start|>assistant
         if not starts:
-            keep = 0 if final else max(_overlap(held, (START, CHANNEL)),
+            keep = 0 if final else max(held_back(held, (START, CHANNEL)),
                                        len(held) if self._fresh and RECIPIENT.startswith(held) else 0)
             self._content(held[:len(held) - keep], out)
             self._held = held[len(held) - keep:]
@@ -538,14 +530,3 @@ def parse(text: str, fmt: ToolFormat, ids: Callable[[], str] = new_id, tools: Se
     out = splitter.push(text)
     out.add(splitter.flush())
     return Parsed(out.content, tuple(out.calls), tuple(out.errors))
-
-
-def _overlap(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a marker."""
-    best = 0
-    for marker in markers:
-        for n in range(min(len(text), len(marker) - 1), best, -1):
-            if text.endswith(marker[:n]):
-                best = n
-                break
-    return best

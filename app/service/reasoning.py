@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specchat.errors import SpecchatError
-from specchat.llama.template import ChatTemplate, Message
+from specchat.llama.template import ChatTemplate, Message, held_back
 
 
 class Format(enum.Enum):
@@ -178,7 +178,7 @@ class Splitter:
             out.append(held[:at])
             self._held = held[at + len(marker):]
             return True
-        keep = _overlap(held, (marker,))
+        keep = held_back(held, (marker,))
         out.append(held[:len(held) - keep])
         self._held = held[len(held) - keep:]
         return False
@@ -213,7 +213,7 @@ class Splitter:
             self._held = rest[len(END):] if rest.startswith(END) else rest
             self._state = _State.HEADER
             return True
-        keep = _overlap(held, (START, CHANNEL, END))
+        keep = held_back(held, (START, CHANNEL, END))
         out.append(held[:len(held) - keep])
         self._held = held[len(held) - keep:]
         return False
@@ -224,14 +224,3 @@ def split(text: str, reasoning: Reasoning = Reasoning()) -> tuple[str, str]:
     splitter = Splitter(reasoning)
     parts = [splitter.push(text), splitter.flush()]
     return "".join(p[0] for p in parts), "".join(p[1] for p in parts)
-
-
-def _overlap(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a marker."""
-    best = 0
-    for marker in markers:
-        for n in range(min(len(text), len(marker) - 1), best, -1):
-            if text.endswith(marker[:n]):
-                best = n
-                break
-    return best

@@ -10,6 +10,7 @@ it still returns (a line or None) and never raises, because it only ever decorat
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Sequence
 
@@ -33,7 +34,7 @@ def key_line(text: str, path: Sequence[str]) -> int | None:
     for line, keys in _definitions(text):
         if keys == wanted:
             return line
-        shared = _shared_prefix(keys, wanted)
+        shared = len(os.path.commonprefix([keys, wanted]))  # of keys: it compares any sequences
         if shared == 0:
             continue
         # Prefer more of the path; at equal length, a table that encloses the key over a sibling.
@@ -41,15 +42,6 @@ def key_line(text: str, path: Sequence[str]) -> int | None:
         if best is None or score > best:
             best, best_line = score, line
     return best_line
-
-
-def _shared_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _definitions(text: str) -> list[tuple[int, tuple[str, ...]]]:
