@@ -132,7 +132,7 @@ class Answers:
             # Whatever streamed before the failure stays, marked stopped; an empty answer goes.
             if not conversation.fail():
                 await view.remove()
-                screen.open(conversation)  # a failed regenerate: the branch it left shows again
+                await screen.open(conversation)  # a failed regenerate: the branch it left shows again
         await self._show_calls(batch)
 
     async def _show_calls(self, batch: GenerationBatch) -> None:

@@ -179,9 +179,9 @@ class ChatScreen(Screen[None]):
             yield StatsPanel(id="stats")
         yield KeyLine()
 
-    def on_mount(self) -> None:
+    async def on_mount(self) -> None:
         self.transcript.anchor()
-        self.open(ConversationController.latest(self.chat_app.store))
+        await self.open(ConversationController.latest(self.chat_app.store))
         self.query_one("#input").focus()
 
     def status(self, text: str) -> None:
@@ -189,26 +189,24 @@ class ChatScreen(Screen[None]):
 
     # --- conversations --------------------------------------------------------------------
 
-    def open(self, conversation: ConversationController) -> None:
+    async def open(self, conversation: ConversationController) -> None:
         if self.conversation is not None and conversation.id == self.conversation.id:
             conversation.keep_place(self.conversation)  # opened again: the selection and an edit stay
         else:
             self.cancel_edit()  # an edit of the conversation left: what was typed before it comes back
         self.conversation = conversation
-        self.transcript.show(conversation)
-        if conversation.selected is not None:
-            self.call_after_refresh(self.transcript.mark, conversation)  # once its views are laid out
+        await self.transcript.show(conversation)
         self.sub_title = f"answered by {conversation.server}" if conversation.server else ""
         self.answers.show_context(None)
 
     @on(ConversationList.Chosen)
-    def _chosen(self, event: ConversationList.Chosen) -> None:
+    async def _chosen(self, event: ConversationList.Chosen) -> None:
         if self.busy:
             self.notify("An answer is streaming: Esc stops it, then open the conversation", severity="warning")
         else:
             conversation = ConversationController(self.chat_app.store, event.conversation_id)
             branched = bool(event.query) and conversation.show_found(event.query)
-            self.open(conversation)
+            await self.open(conversation)
             if branched:
                 self.status(f"showing the branch that holds “{event.query}”")
 
@@ -241,7 +239,7 @@ class ChatScreen(Screen[None]):
         self.attachments = []
         self.query_one(StatsPanel).attached([])
         if sent.draft is not None:  # an edit, a new branch: what followed the original is on another branch now
-            self.open(self.conversation)
+            await self.open(self.conversation)
         else:
             await self.transcript.mount(MessageView("user", sent.content))
         await self.answers.start()
@@ -276,7 +274,7 @@ class ChatScreen(Screen[None]):
             self.notify("Nothing to regenerate")
             return
         self.busy, self.cancel = True, threading.Event()
-        self.open(self.conversation)
+        await self.open(self.conversation)
         await self.answers.start()
 
     def action_edit(self) -> None:
@@ -295,7 +293,7 @@ class ChatScreen(Screen[None]):
         if self.conversation is not None:
             self.transcript.select(self.conversation, step)
 
-    def action_branch(self, step: int) -> None:
+    async def action_branch(self, step: int) -> None:
         """Show another branch at the selected message (else at the last message that has branches)."""
         assert self.conversation is not None
         at = self.conversation.branch_point()
@@ -307,7 +305,7 @@ class ChatScreen(Screen[None]):
         if shown is None:
             self.notify("No other branch there" if at is not None else "This conversation has no branches")
             return
-        self.open(self.conversation)
+        await self.open(self.conversation)
         self.status(f"branch {shown.branch} of {shown.branches} · Alt+←/→ moves between them")
 
     def action_copy_answer(self) -> None:
@@ -359,8 +357,8 @@ class ChatScreen(Screen[None]):
     def action_tools(self) -> None:
         self.tools.choose()
 
-    def action_new_chat(self) -> None:
-        self.open(ConversationController.new(self.chat_app.store))
+    async def action_new_chat(self) -> None:
+        await self.open(ConversationController.new(self.chat_app.store))
         self.query_one(ConversationList).refresh_list()
 
     def action_rename(self) -> None:
@@ -374,9 +372,9 @@ class ChatScreen(Screen[None]):
         if self.conversation is None:
             return
 
-        def done(yes: bool | None) -> None:
+        async def done(yes: bool | None) -> None:
             if yes and self.conversation is not None:
-                self.open(self.conversation.delete())
+                await self.open(self.conversation.delete())
                 self.query_one(ConversationList).refresh_list()
         self.app.push_screen(ConfirmScreen("Delete this conversation? This cannot be undone."), done)
 

@@ -44,16 +44,21 @@ class Transcript(VerticalScroll):
         self.provenance = False  # each token coloured by where it came from (Ctrl+T), in every answer shown
         self._code_cursor = -1  # which code block of the last answer F3 copied last
 
-    def show(self, conversation: ConversationController) -> None:
+    async def show(self, conversation: ConversationController) -> None:
         """The conversation's branch on show, in place of what was: scrolled to its end where no message is
-        selected (a selected one is marked by `mark`, once laid out)."""
-        self.remove_children()
+        selected, else the selected one marked once laid out. The old views are gone before the new come: until
+        their removal is done they still answer a query, and the mark would land on one of them."""
+        await self.remove_children()
         calls: dict[str, str] = {}
+        views = []
         for message in conversation.messages():
             calls.update((c["id"], call_line(c["name"], c["arguments"])) for c in message.tool_calls)
-            self.mount(message_view(message, calls))
+            views.append(message_view(message, calls))
+        await self.mount_all(views)
         if conversation.selected is None:
             self.scroll_end(animate=False)
+        else:
+            self.call_after_refresh(self.mark, conversation)
 
     async def begin_answer(self) -> MessageView:
         """A view for the next answer, mounted before anything streams into it: the Markdown body's first (empty)

@@ -68,7 +68,7 @@ async def test_a_call_allowed_runs_and_its_result_is_stored_shown_folded_and_ans
         # The status says the reply is done (not that calls are under way): the agent loop's last event is its own.
         assert str(app.chat.query_one("#status", Static).render()).startswith("done · guesser")
         # Opened again (as after a restart), the call and its result are drawn the same way.
-        app.chat.open(app.chat.conversation)
+        await app.chat.open(app.chat.conversation)
         await pilot.pause()
         [again] = app.chat.query(ToolView)
         assert again.call == view.call and again.content == "saffron and eggs"

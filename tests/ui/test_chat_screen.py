@@ -377,6 +377,8 @@ async def test_an_edit_and_the_selection_stay_when_their_conversation_is_chosen_
         app.chat.query_one(ConversationList).post_message(ConversationList.Chosen(app.conversation_id))
         await until(pilot, lambda: app.chat.conversation is not before, "the conversation opened again")
         assert app.chat.conversation.selected == 0 and box.text == "The question"
+        await until(pilot, lambda: [v.has_class("selected") for v in app.query(MessageView)] == [True, False],
+                    "the selected message marked again")
         await pilot.press("escape")
         await until(pilot, lambda: box.text == "half a thought", "what was typed before the edit")
 
