@@ -280,18 +280,23 @@ def _choice(args: argparse.Namespace, settings: Any = None) -> ModelChoice:
     return model_choice(_given(args), _settings() if settings is None else settings)
 
 
-def _generation_config(args: argparse.Namespace, settings: Any = None):  # type: ignore[no-untyped-def]
-    """What to sample, and how much: the options given, then the settings (the measuring commands pass
-    none: their defaults are fixed, greedy and 120 tokens, so that their figures compare)."""
-    from specchat.service.choices import generation
-    from specchat.service.settings import Settings
-
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """What to sample, and how much, as the options give it (None: not given), checked."""
     if args.max_tokens is not None and args.max_tokens < 1:
         raise SpecchatError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.draft_length is not None and args.draft_length < 0:
         raise SpecchatError(f"--draft-length must be >= 0, got {args.draft_length}")
-    return generation(settings or Settings(max_tokens=120), args.temp, args.top_k, args.top_p, args.min_p,
-                      args.seed, args.max_tokens, args.draft_length)
+    return {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+            "seed": args.seed, "max_tokens": args.max_tokens, "draft_length": args.draft_length}
+
+
+def _generation_config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The measuring commands' sampling and lengths: the options given, then fixed defaults, never the settings
+    (greedy and 120 tokens, so that their figures compare)."""
+    from specchat.service.choices import generation
+    from specchat.service.settings import Settings
+
+    return generation(Settings(max_tokens=120), **_sampling(args))
 
 
 class _ProgressLine:
@@ -349,24 +354,22 @@ def _generate(args: argparse.Namespace) -> int:
     from specchat.service.local import open_local
 
     settings = _settings()
-    config = _generation_config(args, settings)
+    given = choices.Given(args.guesser, args.system, args.think, raw=args.raw, **_sampling(args))
     tools = _tools(args) if args.tools else None  # a missing extra or no server configured: said before loading
     # --guesser draft without a draft, or a chat with a base model: one line saying why, and nothing before it.
     service = open_local(_choice(args, settings), _progress, guesser=args.guesser, warn=_warn, chat=not args.raw,
                          think=args.think)
-    guesser, instead = choices.guesser(args.guesser, settings, service.guessers)
-    if instead is not None:
-        _warn(instead)
+    # Raw text has no chat template to read a switch from (a base model has none at all).
+    answering = choices.answering(settings, service.guessers, None if args.raw else service.thinking_switch, given)
+    for line in answering.notices:
+        _warn(line)
+    config, guesser = answering.config, answering.guesser
     printer = _AnswerPrinter(guesser)
     if args.raw:
         printer.print_all(service.complete(args.prompt, config, guesser))
         return 0
-    system = choices.system_prompt(args.system, settings)
-    messages = ([Message("system", system)] if system else []) + [Message("user", args.prompt)]
-    think, instead = choices.thinking(args.think, settings, service.thinking_switch)
-    if instead is not None:
-        _warn(instead)
-    variables = service.template_variables(think)
+    messages = ([Message("system", answering.system)] if answering.system else []) + [Message("user", args.prompt)]
+    variables = service.template_variables(answering.think)
     if tools is None:
         printer.print_all(service.chat(messages, config, guesser, variables=variables))
         return 0
@@ -509,12 +512,13 @@ def _prompt(args: argparse.Namespace) -> int:
     target = Model(model_paths(choice, progress=_progress)[0], n_ctx=256, n_threads=choice.threads, n_gpu_layers=0)
     try:  # the template and the special tokens' text are all it needs of the model
         template = ChatPrompter(target).template
-        think, instead = choices.thinking(args.think, settings, template.switch)
-        if instead is not None:
-            _warn(instead)
-        messages = conversation.prompt_messages(settings.system_prompt)
+        # Nothing runs here: the prompt is the same whichever guesser would answer it, so none is said not to run.
+        answering = choices.answering(settings, GUESSERS, template.switch, choices.Given(think=args.think))
+        if answering.thinking_notice is not None:
+            _warn(answering.thinking_notice)
+        messages = conversation.prompt_messages(answering.system)
         messages += [Message("user", args.then)] if args.then is not None else []
-        sys.stdout.write(template.render(messages, variables=template.variables(think)))
+        sys.stdout.write(template.render(messages, variables=template.variables(answering.think)))
     finally:
         target.close()
     return 0

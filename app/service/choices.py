@@ -88,26 +88,69 @@ def generation(settings: Settings, temperature: float | None = None, top_k: int 
                             pick(draft_length, settings.draft_length or None))
 
 
-def guesser(given: str | None, settings: Settings, can_run: Sequence[str]) -> tuple[str, str | None]:
-    """The guesser that answers, by one rule in every front end; and a line to show when it is not the one
-    chosen. A guesser given for this request (the command line's, a server request's) runs, or is refused
-    before anything else (`open_local`, `ChatService.require`). The settings' guesser runs where it can;
-    elsewhere auto does and the line says so, and the setting stays the user's (another pair may run it)."""
+@dataclass(frozen=True)
+class Given:
+    """What one request names itself (the command line's options); None: not named, the settings say. The app
+    names nothing: its answers run as the settings say."""
+
+    guesser: str | None = None
+    system: str | None = None  # an empty one too: no system prompt
+    think: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    draft_length: int | None = None
+    raw: bool = False  # text completed as it stands: no chat template, so no system prompt and no thinking
+
+
+@dataclass(frozen=True)
+class Answering:
+    """What an answer runs with, and the lines a front end shows about it (each None when all is as chosen)."""
+
+    config: GenerationConfig
+    guesser: str
+    system: str  # "": none
+    think: bool | None  # on, off, or as the model does unasked (None)
+    guesser_notice: str | None = None  # the settings' guesser cannot run on these models: auto runs
+    thinking_notice: str | None = None  # the thinking setting is left aside: the template has no switch
+
+    @property
+    def notices(self) -> list[str]:
+        return [line for line in (self.guesser_notice, self.thinking_notice) if line is not None]
+
+
+def answering(settings: Settings, can_run: Sequence[str], switch: str | None, given: Given = Given()) -> Answering:
+    """What an answer runs with, by one rule in every front end: what the request names wins, the settings fill
+    the rest. `can_run` is the guessers the models can run; `switch` the chat template's variable for thinking
+    (None: it reads none). The app shows the guesser's line when the models load and the thinking line once."""
+    config = generation(settings, given.temperature, given.top_k, given.top_p, given.min_p, given.seed,
+                        given.max_tokens, given.draft_length)
+    guesser, guesser_notice = _guesser(given.guesser, settings, can_run)
+    if given.raw:
+        return Answering(config, guesser, "", None, guesser_notice)
+    think, thinking_notice = _thinking(given.think, settings, switch)
+    system = settings.system_prompt if given.system is None else given.system
+    return Answering(config, guesser, system, think, guesser_notice, thinking_notice)
+
+
+def _guesser(given: str | None, settings: Settings, can_run: Sequence[str]) -> tuple[str, str | None]:
+    """The guesser that answers, and a line to show when it is not the one chosen. A guesser given for this
+    request (the command line's, a server request's) runs, or is refused before anything else (`open_local`,
+    `ChatService.require`). The settings' guesser runs where it can; elsewhere auto does and the line says so,
+    and the setting stays the user's (another pair may run it)."""
     if given is not None or settings.guesser in can_run:
         return given or settings.guesser, None
     return "auto", (f"the {settings.guesser} guesser cannot run on these models; using auto (your setting stays: "
                     "choose another in Settings)")
 
 
-def system_prompt(given: str | None, settings: Settings) -> str:
-    """The system prompt: the one given (an empty one too: none), else the settings'."""
-    return settings.system_prompt if given is None else given
-
-
 THINKING = {"default": None, "on": True, "off": False}  # the thinking setting's values, as a switch
 
 
-def thinking(given: bool | None, settings: Settings, switch: str | None) -> tuple[bool | None, str | None]:
+def _thinking(given: bool | None, settings: Settings, switch: str | None) -> tuple[bool | None, str | None]:
     """Thinking on (True), off (False) or as the model does unasked (None), by the guesser's rule: asked
     for in this request (`--think`, a server request's `chat_template_kwargs`), it is passed to the template
     or refused (`ChatService.template_variables`); from the settings, it holds where the model's template

@@ -17,7 +17,7 @@ from textual.widgets import Static
 from specchat.llama.template import Message
 from specchat.mcptools.agent import RoundsSpent, ToolRan
 from specchat.service import choices
-from specchat.service.choices import generation
+from specchat.service.choices import Answering
 from specchat.service.conversation import ToolChoice, thinking_line
 from specchat.service.events import ENGINE_FIGURES, BackendEvent
 from specchat.ui.conversations import ConversationList
@@ -44,6 +44,7 @@ class Answers:
         self.screen = screen
         self.thinking_noticed = False  # the thinking setting was said not to apply to this model
         self._answer: tuple[MessageView, list[str]] | None = None  # the streaming answer's view, its notices
+        self._guesser = ""  # the guesser of the generation under way: its answers are stored and shown as its
 
     @property
     def app(self) -> SpecchatApp:
@@ -57,16 +58,18 @@ class Answers:
         screen, app = self.screen, self.app
         assert screen.conversation is not None and app.backend is not None
         self.reset_stats()
+        answering = self.answering()
+        self._guesser = answering.guesser
         server = app.backend.server
         self._status(f"generating on {server}… (Esc stops)" if server else
-                      f"generating with {app.settings.guesser}… (Esc stops)")
-        messages = screen.conversation.prompt_messages(app.settings.system_prompt)
+                      f"generating with {answering.guesser}… (Esc stops)")
+        messages = screen.conversation.prompt_messages(answering.system)
         marked = screen.conversation.server
         await self._begin()
         if server is not None and marked != server:  # the conversation says where its answers came from
             screen.sub_title = f"answered by {server}"
             screen.query_one(ConversationList).refresh_list()
-        screen.run_worker(partial(self._generate, messages, self.think(), screen.conversation.tools), thread=True,
+        screen.run_worker(partial(self._generate, messages, answering, screen.conversation.tools), thread=True,
                           group="generate")
 
     async def _begin(self) -> None:
@@ -79,15 +82,15 @@ class Answers:
         view.relabel()
         self._answer = (view, [])
 
-    def _generate(self, messages: list[Message], think: bool | None, tools: ToolChoice | None) -> None:
+    def _generate(self, messages: list[Message], answering: Answering, tools: ToolChoice | None) -> None:
         """The generation, in the worker thread: its events go to the screen in batches."""
         screen, settings = self.screen, self.app.settings
         assert self.app.backend is not None
-        backend, config = self.app.backend, generation(settings)
+        backend, config, guesser, think = self.app.backend, answering.config, answering.guesser, answering.think
 
         def answer(conversation: Sequence[Message], offered: list[dict[str, Any]] | None,
                    choice: str = "auto") -> Iterator[BackendEvent]:
-            return backend.chat(conversation, config, settings.guesser, screen.cancel, think, offered, choice)
+            return backend.chat(conversation, config, guesser, screen.cancel, think, offered, choice)
 
         Pump(screen).run(answer(messages, None) if tools is None else
                          screen.tools.answer(messages, tools, answer, settings.tool_rounds, screen.cancel))
@@ -118,11 +121,11 @@ class Answers:
             done = batch.done
             stats.finish(done)
             # A stopped answer is kept, marked as such, so nothing the user saw is lost.
-            summary = conversation.finish(done, self.app.settings.guesser, notices)
+            summary = conversation.finish(done, self._guesser, notices)
             status = "stopped" if done.reason == "cancelled" else "complete"
             await view.finish(done.text, summary, status, done.thinking,
                               thinking_line(done) if done.thinking_tokens else "")
-            source = f"guesser {self.app.settings.guesser}" if done.figures == ENGINE_FIGURES else \
+            source = f"guesser {self._guesser}" if done.figures == ENGINE_FIGURES else \
                 f"figures: {done.figures}"
             self._status(f"{'stopped' if status == 'stopped' else 'done'} · {source} · Ctrl+R regenerates" if batch.last
                           else f"{len(done.calls)} tool call{'s' if len(done.calls) != 1 else ''}… (Esc stops)")
@@ -170,15 +173,19 @@ class Answers:
         backend, guesser = self.app.backend, self.app.settings.guesser
         return f"{guesser} (asked)" if backend is not None and backend.guesser_asked else guesser
 
-    def think(self) -> bool | None:
-        """The thinking setting, where the model's template has a switch for it (elsewhere, the model's
-        own default: the setting is kept, and a notice says so once)."""
-        app = self.app
-        think, instead = choices.thinking(None, app.settings, app.backend.thinking_switch if app.backend else None)
-        if instead is not None and not self.thinking_noticed:
+    def answering(self) -> Answering:
+        """What the next answer runs with: the settings, as the backend can take them (the app names nothing of
+        its own). Where the model's template has no switch for the thinking setting, the model's own default, and a
+        notice says so once; the guesser's line was said when the models loaded (`SpecchatApp._backend_ready`)."""
+        backend = self.app.backend
+        assert backend is not None
+        answering = choices.answering(self.app.settings, backend.guessers, backend.thinking_switch)
+        if answering.guesser_notice is not None:  # chosen in Settings opened while the models loaded: auto runs
+            self.screen.notify(answering.guesser_notice, severity="warning", timeout=10)
+        if answering.thinking_notice is not None and not self.thinking_noticed:
             self.thinking_noticed = True
-            self.screen.notify(instead, severity="warning", timeout=10)
-        return think
+            self.screen.notify(answering.thinking_notice, severity="warning", timeout=10)
+        return answering
 
     def show_context(self, used: int | None) -> None:
         """Tokens used out of the context: exact after an answer (its prompt plus the answer),

@@ -203,11 +203,12 @@ class SpecchatApp(App[None]):
     def _backend_ready(self, message: BackendReady) -> None:
         backend = self.backend = message.backend
         self.ready = True
-        guesser, instead = choices.guesser(None, self.settings, backend.guessers)  # e.g. draft, its draft left out
-        if instead is not None:  # auto for this session; the saved setting stays the user's
+        # The guesser's line is said now, once: e.g. draft, its draft left out. The thinking line waits for an answer.
+        answering = choices.answering(self.settings, backend.guessers, backend.thinking_switch)
+        if answering.guesser_notice is not None:  # auto for this session; the saved setting stays the user's
             if not backend.warnings:  # which otherwise say what was left out (the status line names auto)
-                self.notify(instead, severity="warning", timeout=20)
-            self.settings = replace(self.settings, guesser=guesser)
+                self.notify(answering.guesser_notice, severity="warning", timeout=20)
+            self.settings = replace(self.settings, guesser=answering.guesser)
         self._progress(1, 1)
         for warning in backend.warnings:  # e.g. the draft failed to load: lookup and plain decoding still work
             self.notify(warning, severity="warning", timeout=20)

@@ -20,7 +20,7 @@ from specchat.decoding.engine import GenerationConfig
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.backend import Backend
-from specchat.service.choices import generation
+from specchat.service.choices import Given, answering
 from specchat.service.documents import PRESETS, Parts, Review, open_document, output_path, rewrite_requests, save, unchanged_since
 from specchat.service.settings import Settings
 from specchat.ui.keyline import KeyLine
@@ -121,8 +121,12 @@ class RewriteScreen(Screen[None]):
         self.query_one("#result", TextArea).text = ""
         self.query_one("#diff-pane").display = False
         self.query_one(StatsPanel).reset(self.backend.name, self.backend.baseline(), self.guesser)
+        # The settings' sampling and lengths; the guesser is the screen's own. A rewrite sends no system prompt and
+        # leaves thinking to the model, so their lines are not said here.
+        config = answering(self.settings, self.backend.guessers, self.backend.thinking_switch,
+                           Given(guesser=self.guesser)).config
         parts, requests = rewrite_requests(instruction, self.document.text, self.backend.n_ctx,
-                                           self.backend.count_tokens, generation(self.settings))
+                                           self.backend.count_tokens, config)
         self._run(parts, requests)
 
     class Progress(TMessage):

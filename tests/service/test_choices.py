@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from specchat.service.choices import (
+    Given,
     ModelChoice,
     RemoteChoice,
+    answering,
     generation,
-    guesser,
     model_choice,
     same_models,
-    system_prompt,
     where_to_chat,
 )
 from specchat.service.settings import Settings
@@ -63,17 +63,66 @@ def test_a_settings_change_reloads_only_when_it_changes_what_is_loaded():
         assert reloads(changed), changed
 
 
+PLAIN_PAIR = ["auto", "none", "lookup"]  # the guessers of a target whose draft was left out
+
+
 def test_one_rule_for_a_guesser_the_models_cannot_run():
-    wants_draft, plain_pair = Settings(guesser="draft"), ["auto", "none", "lookup"]
+    wants_draft = Settings(guesser="draft")
     # The settings' guesser: it runs where it can; elsewhere auto does, and a line says so.
-    assert guesser(None, wants_draft, [*plain_pair, "draft"]) == ("draft", None)
-    instead, line = guesser(None, wants_draft, plain_pair)
-    assert instead == "auto" and line is not None and line.startswith("the draft guesser cannot run")
+    assert answering(wants_draft, [*PLAIN_PAIR, "draft"], None).guesser == "draft"
+    instead = answering(wants_draft, PLAIN_PAIR, None)
+    assert instead.guesser == "auto" and instead.guesser_notice is not None
+    assert instead.guesser_notice.startswith("the draft guesser cannot run") and instead.notices == [
+        instead.guesser_notice]
     # One given for this request is the request's: it runs, or the service refuses it (never swapped).
-    assert guesser("draft", Settings(), plain_pair) == ("draft", None)
-    assert guesser("lookup", wants_draft, plain_pair) == ("lookup", None)
+    for given, settings in (("draft", Settings()), ("lookup", wants_draft)):
+        named = answering(settings, PLAIN_PAIR, None, Given(guesser=given))
+        assert (named.guesser, named.notices) == (given, [])
 
 
 def test_a_system_prompt_given_wins_even_when_empty():
-    assert system_prompt(None, MINE) == MINE.system_prompt
-    assert system_prompt("", MINE) == "" and system_prompt("Be terse.", MINE) == "Be terse."
+    assert answering(MINE, PLAIN_PAIR, None).system == MINE.system_prompt
+    assert answering(MINE, PLAIN_PAIR, None, Given(system="")).system == ""
+    assert answering(MINE, PLAIN_PAIR, None, Given(system="Be terse.")).system == "Be terse."
+
+
+def test_what_the_command_line_names_of_an_answer_wins():
+    settings = Settings(guesser="lookup", system_prompt="Be kind.", thinking="on", temperature=0.7, top_k=40,
+                        top_p=0.9, min_p=0.1, seed=3, max_tokens=300, draft_length=6)
+    given = Given("none", "Be terse.", False, 0.0, 5, 0.5, 0.0, 11, 10, 2)
+    chosen = answering(settings, PLAIN_PAIR, "enable_thinking", given)
+    s = chosen.config.sampling
+    assert (s.temperature, s.top_k, s.top_p, s.min_p, s.seed) == (0.0, 5, 0.5, 0.0, 11)
+    assert (chosen.config.max_tokens, chosen.config.draft_length) == (10, 2)
+    assert (chosen.guesser, chosen.system, chosen.think, chosen.notices) == ("none", "Be terse.", False, [])
+
+
+def test_the_settings_fill_an_answer_that_names_nothing():
+    settings = Settings(guesser="lookup", system_prompt="Be kind.", thinking="off", temperature=0.7, top_k=40,
+                        seed=3, max_tokens=300, draft_length=6)
+    chosen = answering(settings, PLAIN_PAIR, "enable_thinking")
+    assert chosen.config == generation(settings)
+    assert (chosen.config.sampling.temperature, chosen.config.sampling.seed, chosen.config.max_tokens) == (0.7, 3, 300)
+    assert (chosen.guesser, chosen.system, chosen.think, chosen.notices) == ("lookup", "Be kind.", False, [])
+    assert answering(Settings(thinking="default"), PLAIN_PAIR, "enable_thinking").think is None
+
+
+def test_a_thinking_setting_the_template_has_no_switch_for_gives_way_with_a_line():
+    for setting in ("on", "off"):
+        chosen = answering(Settings(thinking=setting), PLAIN_PAIR, None)
+        assert chosen.think is None and chosen.thinking_notice is not None
+        assert chosen.thinking_notice.startswith("this model's chat template has no switch for thinking")
+        assert f"({setting})" in chosen.thinking_notice and chosen.notices == [chosen.thinking_notice]
+    assert answering(Settings(thinking="default"), PLAIN_PAIR, None).notices == []  # nothing was asked
+    # Asked for by the request, it goes to the template, which refuses it (ChatService.template_variables).
+    assert answering(Settings(thinking="on"), PLAIN_PAIR, None, Given(think=False)).think is False
+    # Both lines, the guesser's first, as generate prints them.
+    both = answering(Settings(guesser="draft", thinking="on"), PLAIN_PAIR, None)
+    assert both.notices == [both.guesser_notice, both.thinking_notice] and None not in both.notices
+
+
+def test_raw_text_has_no_system_prompt_and_no_thinking_to_say_anything_of():
+    settings = Settings(guesser="draft", system_prompt="Be kind.", thinking="on")
+    raw = answering(settings, PLAIN_PAIR, None, Given(raw=True, max_tokens=7))
+    assert (raw.system, raw.think, raw.thinking_notice, raw.config.max_tokens) == ("", None, None, 7)
+    assert raw.guesser == "auto" and raw.notices == [raw.guesser_notice]  # the guesser's rule holds all the same

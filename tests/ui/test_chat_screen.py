@@ -685,6 +685,35 @@ async def test_ctrl_b_without_thinking_says_there_is_none(tmp_path):
         await until(pilot, lambda: any("No thinking" in n for n in notices(app, "information")), "the notice")
 
 
+async def test_the_settings_answer_and_a_thinking_setting_without_a_switch_is_said_once_at_the_first_answer(tmp_path):
+    """What an answer runs with is service/choices.py's `answering`: the settings' system prompt and thinking, the
+    line about a template without a switch said once (not at load), and again once the setting is cycled (F4)."""
+    (tmp_path / "config.toml").write_text("thinking = 'on'\nsystem_prompt = 'Be kind.'\nguesser = 'lookup'\n")
+    backend = FakeBackend(STORY)  # its template reads no switch for thinking
+
+    def said() -> list[str]:
+        return [n for n in notices(app, "warning") if "no switch for thinking" in n]
+
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.ready, "models to load")
+        assert said() == []  # the line waits for an answer
+        for n, text in enumerate(("Hi", "Again", "Once more"), 1):
+            if n == 3:
+                await pilot.press("f4", "f4", "f4")  # round to on again: a new choice, said again
+                await settled(pilot, app)
+            await send(pilot, app, text)
+            await until(pilot, lambda: answered(app) and len(backend.calls) == n, "an answer")
+            assert len(said()) == (1 if n < 3 else 2), said()
+        assert backend.thinks == [None, None, None]  # the model's own default
+        assert [messages[0] for messages, _ in backend.calls] == [Message("system", "Be kind.")] * 3
+        assert [guesser for _, guesser in backend.calls] == ["lookup"] * 3
+        backend.thinking_switch = "enable_thinking"  # as a template that has one takes the setting
+        await send(pilot, app, "And with a switch")
+        await until(pilot, lambda: answered(app) and len(backend.calls) == 4, "the fourth answer")
+        assert backend.thinks[-1] is True and len(said()) == 2
+
+
 # --- branches -----------------------------------------------------------------------------------------
 
 
