@@ -14,7 +14,7 @@ from scipy.stats import chi2, chisquare, ncx2
 
 from specchat.decoding.engine import Engine, GenerationConfig, final
 from specchat.decoding.guessers import Guesser
-from specchat.decoding.sampling import SamplingConfig, logits_to_probs
+from specchat.decoding.sampling import SamplingConfig, logits_to_probs, masked
 from specchat.llama.model import Model
 
 if TYPE_CHECKING:
@@ -57,16 +57,23 @@ def detectable(n: int, cells: int, alpha: float = 1e-3, power: float = 0.9) -> f
     return float(np.sqrt(_noncentrality(cells, alpha, power) / (4 * n)))
 
 
-def exact_joint(path: Path, prompt: list[int], depth: int,
-                sampling: SamplingConfig = SamplingConfig(1.0)) -> dict[tuple[int, ...], float]:
+def exact_joint(path: Path, prompt: list[int], depth: int, sampling: SamplingConfig = SamplingConfig(1.0),
+                constraint: Constraint | None = None) -> dict[tuple[int, ...], float]:
     """The target's probability of every answer of `depth` tokens under `sampling` (shorter where one ends),
     each conditional from a fresh model's decode of prompt and prefix: no checkpoint, no rewind, none of
-    the machinery the sampled answers go through."""
+    the machinery the sampled answers go through. Under `constraint` each conditional is the target's
+    masked to what the grammar allows after that prefix, from a matcher of its own that walks only the
+    prefix (none of the engine's walks over guesses and back)."""
     fresh = Model(path, n_ctx=256, n_threads=1)
     try:
         def probs(prefix: tuple[int, ...]) -> np.ndarray:
             fresh.session.clear()
-            return logits_to_probs(np.array(fresh.session.decode(prompt + list(prefix), "last")[0]), sampling)
+            logits = np.array(fresh.session.decode(prompt + list(prefix), "last")[0])
+            if constraint is not None:
+                matcher = constraint.start()
+                matcher.consume(prefix)  # (never an end token: an answer ends there, and is no prefix)
+                logits = masked(logits, matcher.allowed())
+            return logits_to_probs(logits, sampling)
 
         joint: dict[tuple[int, ...], float] = {}
         frontier = {(): 1.0}

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tiny_gguf
-from pooled import answers_for, sample_answers, sampled_against
+from pooled import answers_for, exact_joint, sample_answers, sampled_against
 from tempered import Tempered
 
 import specchat.decoding.verify as verify_module
 from specchat.decoding.constraint import Constraint, tokenizer_of
 from specchat.decoding.guessers import DraftGuesser, LookupGuesser
-from specchat.decoding.sampling import SamplingConfig, logits_to_probs, masked
+from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
 
@@ -56,23 +55,7 @@ def prompt_of(model: Model) -> list[int]:
 @pytest.fixture(scope="module")
 def joint(target, models, grammar) -> dict[tuple[int, ...], float]:
     """The constrained target's probability of every three-token answer, from a fresh model and matcher."""
-    fresh, prompt = Model(target, n_ctx=256, n_threads=1), prompt_of(models[0])
-    try:
-        joint, frontier = {}, {(): 1.0}
-        for level in range(3):
-            grown = {}
-            for prefix, mass in frontier.items():
-                matcher = grammar.start()
-                matcher.consume(prefix)
-                fresh.session.clear()
-                logits = np.array(fresh.session.decode(prompt + list(prefix), "last")[0])
-                p = logits_to_probs(masked(logits, matcher.allowed()), SAMPLING)
-                for t in np.flatnonzero(p):
-                    (joint if level == 2 else grown)[prefix + (int(t),)] = mass * float(p[t])
-            frontier = grown
-        return joint
-    finally:
-        fresh.close()
+    return exact_joint(target, prompt_of(models[0]), 3, SAMPLING, grammar)
 
 
 def guesser(name: str, draft: Model):
