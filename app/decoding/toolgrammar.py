@@ -87,11 +87,34 @@ def _own_document(parameters: Any, index: int) -> Any:
     `#/definitions/…`, `#`) still pointing into itself: an `$id` makes it a document of its own, the base
     those refs resolve against (llguidance follows JSON Schema's `$id`). Copying its definitions up to the
     call's root instead, as `_with_defs` does for one value, would let two tools' like-named definitions
-    clash. A schema with an `$id` of its own keeps it: its refs resolve against that already. A ref to another
-    document stays one that llguidance does not fetch: the schema cannot be compiled, as before."""
-    if not isinstance(parameters, Mapping) or "$id" in parameters:
+    clash. The id is always this tool's own: one the schema brings (`$id`, or draft-04's `id`) may be another
+    tool's too, where the later document would stand for both, or a URL llguidance would try to fetch; refs
+    that name it name the new one. A ref to another document stays one that llguidance does not fetch: the
+    schema cannot be compiled, as before."""
+    if not isinstance(parameters, Mapping):
         return parameters
-    return {"$id": f"json-schema:///specchat-tool-{index}.json", **parameters}
+    own = f"json-schema:///specchat-tool-{index}.json"
+    brought = [parameters[k] for k in ("$id", "id") if isinstance(parameters.get(k), str) and parameters[k]]
+    body = {k: v for k, v in parameters.items() if k != "$id" and not (k == "id" and isinstance(v, str))}
+    # Draft-04 (its `$schema` says so) names a document by `id`: both keywords, so that either draft reads it.
+    draft04 = "draft-04" in str(parameters.get("$schema", ""))
+    return {"$id": own, **({"id": own} if draft04 else {}), **_renamed_refs(body, brought, own)}
+
+
+def _renamed_refs(schema: Any, old: list[str], new: str) -> Any:
+    """The schema with every `$ref` into a document named in `old` (`URI#/pointer`, or `URI` alone) pointing
+    into `new` instead."""
+    if isinstance(schema, list):
+        return [_renamed_refs(item, old, new) for item in schema]
+    if not isinstance(schema, Mapping) or not old:
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str):
+            uri, hash_, pointer = value.partition("#")
+            value = f"{new}{hash_}{pointer}" if uri.rstrip("/") in {o.split("#")[0].rstrip("/") for o in old} else value
+        out[key] = _renamed_refs(value, old, new)
+    return out
 
 
 def _lark(call: dict[str, Any], fmt: ToolFormat, parallel: bool, tokenizer: llguidance.LLTokenizer) -> str:

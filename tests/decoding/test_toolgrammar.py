@@ -185,6 +185,43 @@ def test_two_tools_definitions_of_one_name_stay_each_its_own():
         assert hour in ((6, 7) if parsed.calls[0].name == "early" else (20, 21)), parsed.calls
 
 
+def allowed_digits(constraint, tokenizer, name: str) -> list[int]:
+    matcher = constraint.start()
+    matcher.consume(tokenizer.tokenize_str(f'<tool_call>\n{{"name": "{name}", "arguments": {{"at": '))
+    return np.flatnonzero(matcher.allowed()).tolist()
+
+
+def with_root(tool: dict, **root) -> dict:
+    """The tool with these keywords at its parameters' root (an id the schema brings, its draft)."""
+    return {"type": "function", "function": {**tool["function"], "parameters": {**root, **tool["function"]["parameters"]}}}
+
+
+def test_two_tools_that_bring_one_id_stay_each_its_own():
+    """Both name their parameters "urn:hours" and their refs say so: each is still held to its own hours."""
+    tokenizer = toy.text()
+    early, late = (with_root(t, **{"$id": "urn:hours"}) for t in (EARLY, LATE))
+    late["function"]["parameters"]["properties"]["at"] = {"$ref": "urn:hours#/$defs/Hour"}
+    constraint = tool_constraint([early, late], "required", HERMES, tokenizer)
+    assert allowed_digits(constraint, tokenizer, "early") == [ord("6"), ord("7")]
+    assert allowed_digits(constraint, tokenizer, "late") == [ord("2")]
+
+
+def test_a_draft_04_schema_named_by_a_url_is_read_without_fetching_it():
+    """Draft-04 names a document with `id`, here a URL nothing fetches, and keeps definitions under `definitions`."""
+    tokenizer = toy.text()
+    tools = []
+    for tool in (EARLY, LATE):
+        parameters = dict(tool["function"]["parameters"])
+        parameters["definitions"] = parameters.pop("$defs")
+        parameters["properties"] = {"at": {"$ref": "#/definitions/Hour"}}
+        tools.append(with_root({"function": {**tool["function"], "parameters": parameters}},
+                               **{"$schema": "http://json-schema.org/draft-04/schema#",
+                                  "id": "http://example.com/hours.json"}))
+    constraint = tool_constraint(tools, "required", HERMES, tokenizer)
+    assert allowed_digits(constraint, tokenizer, "early") == [ord("6"), ord("7")]
+    assert allowed_digits(constraint, tokenizer, "late") == [ord("2")]
+
+
 TREE = {"type": "function", "function": {"name": "tree", "parameters": {"type": "object", "properties": {
     "n": {"type": "integer"}, "kid": {"$ref": "#"}}, "required": ["n"], "additionalProperties": False}}}
 
