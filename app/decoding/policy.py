@@ -124,6 +124,18 @@ def best_k(alpha: float, k_max: int, cost: CostCurve, draft_s: float,
     return best_length(np.full(max(0, k_max), alpha), cost, draft_s, max_loss, setup_s)
 
 
+def rate_bound(alphas: Sequence[float], cost: CostCurve, draft_s: float) -> float:
+    """At least the rate `best_length` finds with one guess or more, at any loss bound and catch-up: the tokens
+    k guesses make over the step's drafting and verifying, with nothing taken back. In floats, where best_length's
+    arrays cost tens of microseconds, so that auto can rule a guess out at every step for almost nothing."""
+    best, tokens, reach = 0.0, 1.0, 1.0
+    for k, alpha in enumerate(alphas, 1):
+        reach *= float(alpha)
+        tokens += reach
+        best = max(best, tokens / (k * draft_s + float(cost.verify(k + 1))))
+    return best
+
+
 def could_pay(alpha: float, k_max: int, cost: CostCurve, draft_s: float) -> bool:
     """Whether guesses drafted at draft_s a token and accepted with probability alpha beat a plain step at some
     length up to k_max, with nothing to catch up first."""
@@ -168,7 +180,7 @@ def best_drafter(alphas: Mapping[str, float], behind: Callable[[str], int], k_ma
     choice = None
     for name, alpha in alphas.items():
         draft_s = cost.token_s(name)
-        if best_k(alpha, k_max, cost, draft_s, max_loss)[1] <= best:
+        if rate_bound([alpha] * k_max, cost, draft_s) <= best or best_k(alpha, k_max, cost, draft_s, max_loss)[1] <= best:
             continue
         setup_s = cost.catch_up_s(name, behind(name))
         n, rate = best_k(alpha, k_max, cost, draft_s, max_loss, setup_s)
@@ -302,7 +314,8 @@ START_STEPS = 20 * (0.05 - LOSS_BUDGET)
 def opening_s(cost: CostCurve) -> float:
     """The room an answer's account opens with, in the curve's terms: START_STEPS plain steps, or one
     wrong single guess where that costs more, so that guessing can begin."""
-    return max(START_STEPS * float(cost.verify(1)), float(cost.worst_loss(1, 0.0)[1]))
+    # One wrong guess's cost beyond a plain step, as spent_s prices it (worst_loss's arrays: 0.15 ms a step).
+    return max(START_STEPS * float(cost.verify(1)), cost.spent_s(1, 0, 0.0) - float(cost.verify(1)))
 
 
 @dataclass

@@ -10,16 +10,19 @@ from specchat.decoding.guessers import AutoGuesser
 from specchat.decoding.guessers.sources import Copy
 from specchat.decoding.policy import (
     LOSS_BUDGET,
+    START_STEPS,
     Acceptance,
     CostCurve,
     LossAccount,
     MatchAcceptance,
+    Rollback,
     best_drafter,
     best_k,
     best_length,
     expected_tokens,
     keep_drafting,
     opening_s,
+    rate_bound,
     tree_rate,
     tree_tokens,
 )
@@ -140,6 +143,22 @@ def test_match_acceptance_learns_per_match_length():
 def test_best_length_with_a_constant_acceptance_is_best_k():
     for alpha in (0.3, 0.7, 0.95):
         assert best_length(np.full(16, alpha), GPU, 0.001) == best_k(alpha, 16, GPU, 0.001)
+
+
+@pytest.mark.parametrize("rollback", [None, Rollback(0.004, 0.006, 1)])
+def test_the_cheap_bound_never_rules_out_a_guess_that_pays(rollback):
+    """Auto skips best_length where rate_bound says no length beats a plain step (it is asked every step, and
+    best_length's arrays cost tens of microseconds): the bound is never below best_length's rate, on random
+    curves, acceptances and loss bounds, rollback or not. So what auto sends is what it sent without it."""
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        curve = CostCurve(list(np.cumsum(rng.uniform(0.001, 0.05, 32))), draft_s=rng.uniform(0, 0.02),
+                          rollback=rollback)
+        alphas = rng.uniform(0, 1, int(rng.integers(1, 17))) ** rng.uniform(0.1, 2)
+        draft_s = float(rng.choice([0.0, curve.draft_s]))
+        n, rate = best_length(alphas, curve, draft_s, rng.uniform(0, 0.3), rng.uniform(0, 0.02))
+        assert n == 0 or rate <= rate_bound(alphas, curve, draft_s) + 1e-12
+    assert opening_s(CPU) == pytest.approx(max(START_STEPS * CPU.verify_s[0], CPU.verify_s[1] - CPU.verify_s[0]))
 
 
 def test_a_trees_branches_share_one_chance_at_their_first_token():

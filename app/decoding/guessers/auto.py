@@ -32,6 +32,7 @@ from specchat.decoding.policy import (
     could_pay,
     estimates,
     keep_drafting,
+    rate_bound,
     settle_step,
     step_allowance,
     tree_beats,
@@ -144,6 +145,9 @@ class AutoGuesser(BaseGuesser):
     def _offer(self, found: Found, allow: float) -> Offer:
         """The copy cut to its best length (no tokens: none pays), and the rate it would make."""
         alphas = self._acceptance(found.copy).alphas(found.copy.m, len(found.tokens))
+        plain = 1.0 / float(self.curve.verify(1))
+        if rate_bound(alphas, self.curve, 0.0) <= plain:  # no length beats a plain step: best_length would say so
+            return Offer(found.copy, found.tokens[:0], alphas[:0], plain)
         n, rate = best_length(alphas, self.curve, 0.0, allow)
         return Offer(found.copy, found.tokens[:n], alphas[:n], rate)
 
