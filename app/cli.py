@@ -455,8 +455,8 @@ class _AnswerPrinter:
             print(f"[{self.guesser}] {s.n_tokens} tokens in {s.decode_s:.2f}s: {s.tokens_per_s:.1f} tok/s "
                   f"({s.wall_tokens_per_s:.1f} as shown), "
                   f"{s.tokens_per_step:.2f} tokens/step, acceptance {s.acceptance:.2f} "
-                  f"({s.accepted}/{s.drafted}){speedup}, prompt {s.n_prompt} tokens in {s.prefill_s:.2f}s, "
-                  f"stop: {event.reason}", file=sys.stderr)
+                  f"({s.accepted}/{s.drafted}){speedup}, guessing {1000 * s.draft_s / max(1, s.steps):.2f} ms a step, "
+                  f"prompt {s.n_prompt} tokens in {s.prefill_s:.2f}s, stop: {event.reason}", file=sys.stderr)
             if event.thinking_tokens:
                 print(f"[thinking] {event.thinking_tokens} of the tokens in {event.thinking_s:.2f}s: "
                       f"{event.thinking_tokens_per_s:.1f} tok/s", file=sys.stderr)
