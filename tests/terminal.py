@@ -33,7 +33,10 @@ def wait_for(session: str, pattern: str, timeout: float) -> str:
 
 def launch(session: str, tmp_path: Path, config: str, *args: str) -> None:
     """The app in a new 160x48 tmux session, its data and settings (`config`) under tmp_path."""
-    env = {"XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config"), "TERM": "xterm-256color"}
+    env = {"XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config"), "TERM": "xterm-256color",
+           # The size too: Textual asks shutil.get_terminal_size, which takes COLUMNS and LINES over the pane's own
+           # size, and a pane started under pytest was seen to get COLUMNS=80 LINES=24 (the app drew 80x24).
+           "COLUMNS": "160", "LINES": "48"}
     (tmp_path / "config" / "specchat").mkdir(parents=True)
     (tmp_path / "config" / "specchat" / "config.toml").write_text(config)
     command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
