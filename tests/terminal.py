@@ -7,7 +7,9 @@ import shlex
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from commands import REPO
 
@@ -42,3 +44,23 @@ def launch(session: str, tmp_path: Path, config: str, *args: str) -> None:
     command = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     command += " ".join(["", shlex.quote(sys.executable), "-m", "specchat.cli", *map(shlex.quote, args)])
     tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", "-c", str(REPO), command)
+
+
+def gone(session: str, timeout: float) -> bool:
+    """Whether the session ended (the app quit) within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@contextmanager
+def running(session: str, tmp_path: Path, config: str, *args: str) -> Iterator[str]:
+    """`launch`, and the session always killed after (a failed wait leaves the app running otherwise)."""
+    launch(session, tmp_path, config, *args)
+    try:
+        yield session
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
