@@ -260,6 +260,7 @@ class ToolView(MessageView):
     stay one per message (selection counts them)."""
 
     SHOWN = 20_000  # characters of a result drawn when opened: a megabyte would take the screen seconds to lay out
+    WHY = 120  # characters of a failure's line shown on its fold
 
     def __init__(self, content: str, call: str, refused: bool = False, failed: bool = False,
                  branches: tuple[int, int] = (1, 1)) -> None:
@@ -271,8 +272,13 @@ class ToolView(MessageView):
 
     def compose(self) -> ComposeResult:
         yield Static(self.label(), classes="role")
-        what = "refused" if self.refused else "failed" if self.failed else f"result · {len(self.content):,} characters"
-        with Collapsible(title=what, collapsed=True, classes="result"):
+        # A failure's line is short and says why (timed out, raised, not run): shown on the fold, so the user need
+        # not open it; a long one is cut there, whole inside.
+        why = self.content if len(self.content) <= self.WHY else self.content[:self.WHY - 1] + "…"
+        what = "refused" if self.refused else f"failed · {why}" if self.failed else \
+            f"result · {len(self.content):,} characters"
+        # Plain text, not markup: a server's line may hold square brackets.
+        with Collapsible(title=Content(what), collapsed=True, classes="result"):
             cut = len(self.content) - self.SHOWN
             yield Static(Text(self.content[:self.SHOWN] + (f"\n… {cut:,} more characters (in the export)" if cut > 0
                                                             else "")))

@@ -93,6 +93,7 @@ async def test_a_server_that_hangs_gives_one_line_and_the_conversation_goes_on(t
         result = app.chat.conversation.messages()[2]
         assert "timed out after 1 s" in result.content and "\n" not in result.content
         assert result.stats == {"refused": False, "failed": True}
+        assert str(app.chat.query_one(ToolView).query_one(Collapsible).title) == f"failed · {result.content}"
         assert roles(app) == ["user", "assistant", "tool", "assistant"]
 
 

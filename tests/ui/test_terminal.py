@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from terminal import launch, tmux, wait_for
+from terminal import gone, launch, running, tmux, wait_for
 
 pytestmark = [pytest.mark.real, pytest.mark.skipif(shutil.which("tmux") is None,
                                                   reason="needs tmux, to run the app in a real terminal")]
@@ -74,38 +74,137 @@ def test_a_reasoning_models_thinking_folds_and_opens_in_a_real_terminal(tmp_path
     assert content == "" and thinking
 
 
+def mcp_server(name: str = "notes", script: str = "") -> str:
+    """A `[mcp.servers.NAME]` table as a user would write it: the notes server (tests/mcp_notes.py), or `script`
+    served over stdio."""
+    from mcp_notes import SCRIPT
+
+    return f'[mcp.servers.{name}]\ncommand = {json.dumps(sys.executable)}\nargs = [{json.dumps(script or SCRIPT)}]\n'
+
+
+def choose_tools(session: str, *ticks: str, shown: str) -> None:
+    """Once the models are loaded: F5, `ticks` (the keys that tick tools in the dialog), "call first" (Ctrl+T: the
+    1.5B model, left to decide, writes its call as a json block), Enter; and the status line must then name the
+    tools `shown` (a pattern): what was ticked, read from the app rather than assumed from the keys."""
+    wait_for(session, r"ready · guesser", timeout=300)
+    tmux("send-keys", "-t", session, "F5")
+    wait_for(session, r"Tools for this conversation", timeout=120)
+    for key in ticks:
+        tmux("send-keys", "-t", session, key)
+    tmux("send-keys", "-t", session, "C-t")
+    tmux("send-keys", "-t", session, "Enter")
+    wait_for(session, rf"tools for this conversation: {shown} · each reply calls one first", timeout=30)
+
+
+def ask(session: str, prompt: str, tool: str) -> str:
+    """Send `prompt`; the screen once the app asks whether to run the model's call of `tool`."""
+    tmux("send-keys", "-t", session, "-l", prompt)
+    tmux("send-keys", "-t", session, "Enter")
+    return wait_for(session, rf"The model calls {tool}\b", timeout=300)
+
+
+def fold(shown: str, call: re.Match) -> str:
+    """The fold's title on the line under a tool call's, up to the border of the stats panel beside it ("" where
+    the line has no fold)."""
+    title = re.search(r"▶ [^│]*", shown[call.end():].splitlines()[1])
+    return title[0].strip() if title else ""
+
+
+def stored(tmp_path) -> list[tuple]:
+    """The database's messages, in order: role, status, content, tool_calls, tool_call_id, stats (decoded)."""
+    db = sqlite3.connect(tmp_path / "data" / "specchat" / "specchat.db")
+    rows = db.execute("SELECT role, status, content, tool_calls, tool_call_id, stats FROM messages ORDER BY id")
+    return [(*row[:5], json.loads(row[5]) if row[5] else None) for row in rows.fetchall()]
+
+
 def test_a_tool_call_asked_allowed_shown_folded_and_answered_in_a_real_terminal(tmp_path, qwen_paths):
     """Tools on the default pair: a notes server written with the MCP SDK (tests/mcp_notes.py) configured as a user
-    would; F5 ticks its tool and "call first" (the 1.5B model, left to decide, writes its call as a json block);
-    the call is asked about, allowed, shown folded with its result's size, and the answer quotes the note."""
+    would; F5 ticks its tool and "call first"; the call is asked about, allowed, shown folded with its result's
+    size, and the answer quotes the note."""
     pytest.importorskip("mcp", reason="the tools extra is not installed")
-    from mcp_notes import NOTE, SCRIPT
+    from mcp_notes import NOTE
 
-    session = f"specchat-tools-{os.getpid()}"
-    launch(session, tmp_path, f'system_prompt = ""\nmax_tokens = 120\n\n[mcp.servers.notes]\n'
-                              f'command = {json.dumps(sys.executable)}\nargs = [{json.dumps(SCRIPT)}]\n')
-    try:
-        wait_for(session, r"ready · guesser", timeout=300)
-        tmux("send-keys", "-t", session, "F5")
-        wait_for(session, r"Tools for this conversation", timeout=120)
-        tmux("send-keys", "-t", session, "C-a")  # every tool ticked
-        tmux("send-keys", "-t", session, "C-t")  # call first
-        tmux("send-keys", "-t", session, "Enter")
-        wait_for(session, r"tools for this conversation: read_note · each", timeout=30)  # the line runs on, cut
-        tmux("send-keys", "-t", session, "-l", "Show me my note 'launch' as a markdown blockquote.")
-        tmux("send-keys", "-t", session, "Enter")
-        asked = wait_for(session, r"The model calls read_note", timeout=300)
+    with running(f"specchat-tools-{os.getpid()}", tmp_path,
+                 f'system_prompt = ""\nmax_tokens = 120\n\n{mcp_server()}') as session:
+        choose_tools(session, "C-a", shown="read_note")  # every tool ticked
+        asked = ask(session, "Show me my note 'launch' as a markdown blockquote.", "read_note")
         assert '"name"' in asked, asked  # its arguments, laid out
         tmux("send-keys", "-t", session, "y")
         shown = wait_for(session, r"done · guesser", timeout=300)
         assert re.search(r"Tool · read_note\(\{.*\}\)", shown), shown
         assert f"result · {len(NOTE)} characters" in shown, shown  # folded: the size, not the text
         tmux("send-keys", "-t", session, "C-q")
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
-    db = sqlite3.connect(tmp_path / "data" / "specchat" / "specchat.db")
-    rows = db.execute("SELECT role, status, content, tool_calls, tool_call_id FROM messages ORDER BY id").fetchall()
+        assert gone(session, 30), "the app did not quit"  # and the database is read once it has
+    rows = stored(tmp_path)
     assert [r[0] for r in rows] == ["user", "assistant", "tool", "assistant"], rows
     [call] = json.loads(rows[1][3])
     assert call["name"] == "read_note" and rows[2][4] == call["id"] and rows[2][2] == NOTE
     assert rows[3][1] == "complete" and "10:30" in rows[3][2], rows[3][2]  # the answer quotes the result
+
+
+def test_a_refused_call_ends_in_one_line_and_the_model_answers_in_a_real_terminal(tmp_path, qwen_paths):
+    """The same notes server and forced call, refused with n: the call is not run, its fold says "refused" (and
+    nothing more: the note never reaches the screen or the model), the model answers after it, and the
+    conversation is stored whole, the tool message marked refused."""
+    pytest.importorskip("mcp", reason="the tools extra is not installed")
+    from mcp_notes import NOTE
+
+    from specchat.mcptools.agent import REFUSED
+
+    with running(f"specchat-refuse-{os.getpid()}", tmp_path,
+                 f'system_prompt = ""\nmax_tokens = 48\n\n{mcp_server()}') as session:
+        choose_tools(session, "C-a", shown="read_note")
+        ask(session, "Show me my note 'launch'.", "read_note")
+        tmux("send-keys", "-t", session, "n")
+        shown = wait_for(session, r"done · guesser", timeout=300)
+        call = re.search(r"Tool · read_note\(\{.*\}\)", shown)
+        assert call, shown
+        # The fold's one line, right under the call's: "refused", not a result's size or an error's text.
+        assert fold(shown, call) == "▶ refused", shown
+        assert "Assistant" in shown[call.end():] and "Traceback" not in shown, shown  # the answer after it
+        tmux("send-keys", "-t", session, "C-q")
+        assert gone(session, 30), "the app did not quit"
+    rows = stored(tmp_path)
+    assert [r[0] for r in rows] == ["user", "assistant", "tool", "assistant"], rows
+    [call] = json.loads(rows[1][3])
+    assert call["name"] == "read_note" and rows[2][4] == call["id"]
+    assert (rows[2][2], rows[2][5]) == (REFUSED, {"refused": True, "failed": False}), rows[2]
+    assert NOTE not in rows[3][2]  # not run: the answer cannot have the note
+    assert rows[3][1] == "complete" and rows[3][2].strip(), rows[3]  # the model answered after the refusal
+
+
+def test_a_server_that_hangs_ends_in_one_line_and_the_answer_goes_on_in_a_real_terminal(tmp_path, qwen_paths):
+    """A second server (tests/mcp_servers.py over stdio, as configured) whose `block` tool never answers, with
+    `[mcp] timeout_s = 2`: only block ticked (so the forced call is of it, whatever the model prefers), allowed with
+    y; its fold says in one line that it timed out, the answer goes on, and the tool message is stored marked failed.
+    The app stays usable: a second question's call of the same server (its first call still hanging there) times
+    out the same way and is answered, and the app still quits at once (the hung server does not hold it)."""
+    pytest.importorskip("mcp", reason="the tools extra is not installed")
+    from mcp_servers import SCRIPT
+
+    line = "block (server 'slow') timed out after 2 s"
+    # Short answers: two turns must stay on the screen together.
+    config = (f'system_prompt = ""\nmax_tokens = 24\n\n[mcp]\ntimeout_s = 2\n\n{mcp_server()}'
+              f'{mcp_server("slow", SCRIPT)}')
+    with running(f"specchat-hang-{os.getpid()}", tmp_path, config) as session:
+        # The list: notes' read_note, then the test server's echo, boom, env, block, ...: the cursor to block, ticked.
+        choose_tools(session, "Down", "Down", "Down", "Down", "space", shown="block")
+        ask(session, "Wait for the block tool.", "block")
+        tmux("send-keys", "-t", session, "y")
+        shown = wait_for(session, r"done · guesser", timeout=300)
+        call = re.search(r"Tool · block\(\{\}\)", shown)
+        assert call, shown
+        assert fold(shown, call) == f"▶ failed · {line}", shown
+        assert "Assistant" in shown[call.end():] and "Traceback" not in shown, shown  # the answer after it
+        ask(session, "Try once more.", "block")
+        tmux("send-keys", "-t", session, "y")
+        shown = wait_for(session, rf"(?s)(▶ failed · {re.escape(line)}.*){{2}}done · guesser", timeout=300)
+        tmux("send-keys", "-t", session, "C-q")
+        assert gone(session, 30), "the app did not quit"
+    rows = stored(tmp_path)
+    assert [r[0] for r in rows] == ["user", "assistant", "tool", "assistant"] * 2, rows
+    for asked, result, answer in (rows[1:4], rows[5:8]):
+        [call] = json.loads(asked[3])
+        assert call["name"] == "block" and result[4] == call["id"]
+        assert (result[2], result[5]) == (line, {"refused": False, "failed": True}), result
+        assert answer[1] == "complete" and answer[2].strip(), answer  # the answer went on after the timeout

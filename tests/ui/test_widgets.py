@@ -8,13 +8,14 @@ from dataclasses import replace
 import pytest
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.widgets import Markdown
+from textual.widgets import Collapsible, Markdown
+from textual.widgets._collapsible import CollapsibleTitle
 
 from specchat.decoding.events import Source, Stats, Step, Token
 from specchat.service.backend import Baseline
 from specchat.service.events import Answered, Said
 from specchat.ui.keyline import KeyLine
-from specchat.ui.widgets import MessageView, StatsPanel, growing_block
+from specchat.ui.widgets import MessageView, StatsPanel, ToolView, growing_block
 
 
 class Host(App[None]):
@@ -121,6 +122,25 @@ async def test_the_key_line_shows_the_keys_dims_those_that_do_nothing_and_a_clic
         await pilot.click(KeyLine, offset=(shown.index("Save"), 0))  # does nothing, as its key would
         await pilot.click(KeyLine, offset=(shown.index("New"), 0))
         assert app.notes == ["save", "new"]
+
+
+class Folds(App):
+    """A failed call whose line is long and holds what markup would take for a style, and a refused one."""
+
+    LINE = "[b]slow[/b] (server 'x') timed out: " + "x" * 300
+
+    def compose(self) -> ComposeResult:
+        yield ToolView(self.LINE, "slow({})", failed=True)
+        yield ToolView("the user refused this call: it was not run", "pid({})", refused=True)
+
+
+async def test_a_failed_calls_fold_says_why_on_one_cut_line_as_plain_text():
+    async with Folds().run_test(size=(300, 20)) as pilot:
+        failed, refused = pilot.app.query(ToolView)
+        title = str(failed.query_one(Collapsible).title)
+        assert title == "failed · " + Folds.LINE[:ToolView.WHY - 1] + "…"
+        assert "[b]slow[/b]" in str(failed.query_one(CollapsibleTitle).render())  # drawn as written
+        assert str(refused.query_one(Collapsible).title) == "refused"  # the refusal's line is the word itself
 
 
 # --- an answer as it streams -------------------------------------------------------------------------------------
