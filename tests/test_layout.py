@@ -185,12 +185,15 @@ def test_every_module_lives_in_a_layer_folder():
 def test_the_tests_are_laid_out_like_the_code():
     """A module's tests are found by its path: app/service/loader.py's in tests/service/test_loader.py. Each
     layer has a test folder of its name; whole/ holds what crosses them all (faults, offline, crashes,
-    properties); at the top sit the tests of the top-level modules, beside the helpers the tests share."""
+    properties); at the top sit the tests of the top-level modules and conftest.py; the helpers the tests share
+    (fakes, the pilot, the model writers, the chi-square) live in helpers/, on pytest's path."""
     tests = REPO / "tests"
     folders = {d.name for d in tests.iterdir() if d.is_dir() and any(d.glob("test_*.py"))}
     assert folders == layers() | {"whole"}
     top = {f.stem.removeprefix("test_") for f in tests.glob("test_*.py")}
     assert top <= TOP_LEVEL | {"layout"}, f"tests of a layer's module belong in its folder: {sorted(top)}"
+    helpers = {f.name for f in tests.glob("*.py") if not f.name.startswith("test_")} - {"conftest.py"}
+    assert not helpers, f"helpers belong in tests/helpers/: {sorted(helpers)}"
 
 
 def test_the_layer_check_fails_on_a_forbidden_import(tmp_path, monkeypatch):

@@ -103,7 +103,7 @@ def batchings(n: int, seed: int | Sequence[int], count: int = BATCHINGS, most: i
     in one batch, one at a time, and `count` random cuts into batches of 1 to `most`, seeded (the same tokens
     are measured the same way); and (`reused`) two where the first batch is the head of a longer one, `pad`
     more rows taken back after it, as a cache reused from an earlier, longer prompt holds it. Two or five ways
-    saw less than half the noise: on an Intel Xeon 0.0031 where 18 saw 0.0047 (tests/rollback.py); on an AMD
+    saw less than half the noise: on an Intel Xeon 0.0031 where 18 saw 0.0047 (tests/helpers/rollback.py); on an AMD
     EPYC the ways in batches of up to 16 all gave SmolLM2 the same logits, and a prompt whose first 14 tokens
     came from an earlier prefill of 93 moved a row by 0.11 (a batch of 64 rows or more rounds otherwise)."""
     rng = np.random.default_rng(seed)

@@ -1,7 +1,7 @@
 """Exactness under a grammar on llama.cpp: at T=1 (top-k 3), the first three tokens of as many constrained
 answers as a chi-square needs to see a sampler 0.03 (total variation) away, with a draft and with lookup,
 against the constrained target's exact joint (each conditional from a fresh model's logits, masked to what
-the grammar allows after that prefix). The model is a generated llama GGUF (tests/tiny_gguf.py, 40 tokens,
+the grammar allows after that prefix). The model is a generated llama GGUF (tests/helpers/tiny_gguf.py, 40 tokens,
 as tests/decoding/test_exact_powered.py uses) read by llguidance from its llama.cpp vocabulary; the grammar
 refuses tokens the draft and the copy propose. A target whose rule is left unmasked (the draft's guesses
 masked or not) must not get through."""

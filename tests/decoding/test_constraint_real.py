@@ -1,7 +1,7 @@
 """A forced tool call on real models: on the default pair, read off its own template (Hermes/Qwen
 `<tool_call>`), an answer made with lookup and with the draft, greedy and sampled, parses as a call to the
 named tool with arguments its schema allows; and greedy constrained output is plain constrained decoding's,
-token for token (a parting excused only as a near-tie, `tests/greedy.py`), on the default pair and on
+token for token (a parting excused only as a near-tie, `tests/helpers/greedy.py`), on the default pair and on
 SmolLM2, whose rows must also equal plain decoding's to the bit."""
 
 from __future__ import annotations

@@ -3,13 +3,13 @@ answers as a chi-square needs to see any sampler 0.03 (total variation) away fro
 guesser, against the target's exact joint; and a sampler that far away, planted, rejected. The MTP head
 likewise at its default draft length, over the four tokens that reaches.
 
-The models are generated llama GGUFs (tests/tiny_gguf.py, random weights, 40 tokens) run by llama.cpp
+The models are generated llama GGUFs (tests/helpers/tiny_gguf.py, random weights, 40 tokens) run by llama.cpp
 through the same session, rewinds and verification as any other model; they decode in well under a
 millisecond, so the 13,000 answers per guesser that the power computation asks for take seconds. The
 same count on SmolLM2 (tests/decoding/test_engine.py) would take about 15 minutes per guesser here;
 its 500 answers judge a trained model's logits, and see an error of about 0.14.
 
-The only tiny model with an MTP head is the constructed cycle model (tests/cycle.py). Its soft form ties
+The only tiny model with an MTP head is the constructed cycle model (tests/helpers/cycle.py). Its soft form ties
 every token but the successor at logit 0, so top-k keeps them all and four tokens would make 8^4 cells
 (some 114,000 answers); written with a spread (tiny_gguf.cycle_logits) the others fall along the cycle,
 in the target and its head alike, and top-k 3 keeps 3^4 = 81 cells: about 20,000 answers, 1.6 ms each.

@@ -1,4 +1,4 @@
-"""Speculation on the models laptops run now, on tiny random-weight ones that tests/tiny_gguf.py
+"""Speculation on the models laptops run now, on tiny random-weight ones that tests/helpers/tiny_gguf.py
 writes: a hybrid Qwen3.5 (gated-delta-net and attention layers, with an MTP head) and a pure
 recurrent Mamba-2, whose caches cannot simply drop positions. Rewinds restore saved states (or use
 llama.cpp's snapshots); the output must not change for it.
@@ -159,7 +159,7 @@ def test_greedy_speculative_output_equals_plain_decoding(files, arch, drafting):
 
 def greedy_as_plain(target: Model, path: Path, prompt: list[int], guesser: Callable[[], Guesser],
                     draft_length: int | None = None) -> None:
-    """48 tokens as plain decoding gives them, each equal or a near-tie (tests/greedy.py), and some of them
+    """48 tokens as plain decoding gives them, each equal or a near-tie (tests/helpers/greedy.py), and some of them
     guessed. A random-weight model's logits lie close together, and batched and single-token evaluation
     of a layer round differently on some CPUs (gated delta nets on the CI machine): such a flip is
     excused only under the noise measured on a fresh model and the fixed ceiling."""
@@ -220,7 +220,7 @@ def cycle_pair(tmp_path_factory):
 
 
 def test_a_head_that_agrees_with_its_trunk_is_kept_and_each_planted_misalignment_collapses_it(cycle_pair):
-    """The constructed cycle model (tests/cycle.py): greedy, the MTP head's drafts and the draft model's
+    """The constructed cycle model (tests/helpers/cycle.py): greedy, the MTP head's drafts and the draft model's
     are all kept on a hybrid target; the head fed the wrong position's hidden state, or the wrong token,
     or the draft fed the wrong context keeps none, and llama.cpp refuses a follower one position out."""
     for guesser in ("mtp", "draft"):
@@ -495,10 +495,11 @@ def specchat(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_the_generator_writes_what_generate_accepts(tmp_path):
-    """`python tests/tiny_gguf.py ARCH OUT.gguf`, then `specchat generate` on it with the default guesser."""
+    """`python tests/helpers/tiny_gguf.py ARCH OUT.gguf`, then `specchat generate` on it with the default guesser."""
     for arch in ("qwen35", "mamba2"):
         out = tmp_path / f"{arch}.gguf"
-        subprocess.run([sys.executable, str(REPO / "tests" / "tiny_gguf.py"), arch, str(out)], check=True, timeout=120)
+        subprocess.run([sys.executable, str(REPO / "tests" / "helpers" / "tiny_gguf.py"), arch, str(out)], check=True,
+                       timeout=120)
         result = specchat("generate", "Tell me about the sea.", "--target", str(out), "--max-tokens", "12",
                           XDG_CACHE_HOME=str(tmp_path / "cache"))
         assert result.returncode == 0, result.stderr

@@ -1,7 +1,7 @@
 """Every way a recurrent or hybrid cache steps back, checked at the logits against a fresh decode.
 
 A Qwen3.5-style hybrid (llama.cpp keeps a few snapshots of its recurrent state, `Memory.ROLLBACK`) and a
-Mamba-2 (none: `Memory.CHECKPOINT`, saved states only), written small by tests/tiny_gguf.py. After each
+Mamba-2 (none: `Memory.CHECKPOINT`, saved states only), written small by tests/helpers/tiny_gguf.py. After each
 rewind the cache decodes one probe token, and its logits must be those of a fresh model that decoded the
 same tokens and nothing else: to the bit where every way of batching those tokens gives the same logits on
 this machine, else within the largest difference between them (in one batch, one at a time, and in 16

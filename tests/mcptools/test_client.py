@@ -1,4 +1,4 @@
-"""McpClient against real MCP servers written with the SDK (tests/mcp_servers.py): one over stdio, one more of
+"""McpClient against real MCP servers written with the SDK (tests/helpers/mcp_servers.py): one over stdio, one more of
 the same script (so that tool names clash), one over streamable HTTP on 127.0.0.1, and a command that does not
 exist. Every wait is bounded: timeouts are short, and a tool that never answers is what the timeouts cut."""
 

@@ -1,4 +1,4 @@
-"""`specchat generate --tools` on the default pair, with a real MCP server (tests/mcp_notes.py, written with the
+"""`specchat generate --tools` on the default pair, with a real MCP server (tests/helpers/mcp_notes.py, written with the
 SDK) configured in config.toml as a user would: the model calls its tool, the call is printed on stderr, and the
 answer quotes the tool's result, copied by prompt lookup at more than one token a step.
 

@@ -1,5 +1,5 @@
 """The app on a remote engine: RemoteBackend and `specchat --server` against a small OpenAI-compatible
-server started on 127.0.0.1 by each test (tests/fakes/openai_server.py), through the official openai client."""
+server started on 127.0.0.1 by each test (tests/helpers/fakes/openai_server.py), through the official openai client."""
 
 from __future__ import annotations
 
@@ -488,7 +488,7 @@ async def test_stop_closes_the_stream_and_keeps_the_partial_answer(tmp_path):
 
 
 async def test_the_app_on_a_server_asks_about_its_call_runs_it_and_sends_the_result_back(tmp_path):
-    """F5 offers the tools of a real MCP server (tests/mcp_servers.py) to a server's model; the call it streams is
+    """F5 offers the tools of a real MCP server (tests/helpers/mcp_servers.py) to a server's model; the call it streams is
     asked about, run, stored and sent back as a `tool` message answering the call's id."""
     pytest.importorskip("mcp", reason="the tools extra (pip install -e '.[tools]') is not installed")
     from apptools import asked, choose_all_tools, toolbox
@@ -707,7 +707,7 @@ def test_specchat_server_in_a_real_terminal(tmp_path, live_server):
 
 @pytest.mark.real
 async def test_the_app_on_a_live_specchat_serve_calls_a_tool_and_answers_from_its_result(tmp_path):
-    """The default pair behind `specchat serve`, the notes server (tests/mcp_notes.py) here: "call first" makes the
+    """The default pair behind `specchat serve`, the notes server (tests/helpers/mcp_notes.py) here: "call first" makes the
     server's grammar write the call, which is asked about, run on this machine, and answered from its result."""
     pytest.importorskip("mcp", reason="the tools extra (pip install -e '.[tools]') is not installed")
     pytest.importorskip("fastapi")

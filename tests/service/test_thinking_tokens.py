@@ -2,7 +2,7 @@
 vocabularies, run by the real engine: the thinking and the answer come apart as the app and `generate --think`
 show them.
 
-No such model can be fetched here, so tests/tiny_gguf.py writes one (`write_scripted`): SmolLM2's tokenizer
+No such model can be fetched here, so tests/helpers/tiny_gguf.py writes one (`write_scripted`): SmolLM2's tokenizer
 with the two markers added, a reasoning template, and weights that say one fixed answer whatever the prompt.
 A token's text is what `piece` gives without special tokens; llama.cpp gives a user-defined token's (which is
 what Qwen3's and R1's converters make of `<think>`) and nothing of a control token's.

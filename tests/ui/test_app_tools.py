@@ -1,5 +1,5 @@
 """Tools in the app, driven by Textual's Pilot: the scripted backend makes the calls, a real MCP server (written
-with the SDK, tests/mcp_servers.py, over stdio) runs them. Each call is asked about before it runs; its result is
+with the SDK, tests/helpers/mcp_servers.py, over stdio) runs them. Each call is asked about before it runs; its result is
 stored with the conversation and shown folded; a refused call, a server that hangs and Esc at the question each end
 in one line, with the conversation intact."""
 

@@ -75,7 +75,7 @@ def test_a_reasoning_models_thinking_folds_and_opens_in_a_real_terminal(tmp_path
 
 
 def mcp_server(name: str = "notes", script: str = "") -> str:
-    """A `[mcp.servers.NAME]` table as a user would write it: the notes server (tests/mcp_notes.py), or `script`
+    """A `[mcp.servers.NAME]` table as a user would write it: the notes server (tests/helpers/mcp_notes.py), or `script`
     served over stdio."""
     from mcp_notes import SCRIPT
 
@@ -118,7 +118,7 @@ def stored(tmp_path) -> list[tuple]:
 
 
 def test_a_tool_call_asked_allowed_shown_folded_and_answered_in_a_real_terminal(tmp_path, qwen_paths):
-    """Tools on the default pair: a notes server written with the MCP SDK (tests/mcp_notes.py) configured as a user
+    """Tools on the default pair: a notes server written with the MCP SDK (tests/helpers/mcp_notes.py) configured as a user
     would; F5 ticks its tool and "call first"; the call is asked about, allowed, shown folded with its result's
     size, and the answer quotes the note."""
     pytest.importorskip("mcp", reason="the tools extra is not installed")
@@ -174,7 +174,7 @@ def test_a_refused_call_ends_in_one_line_and_the_model_answers_in_a_real_termina
 
 
 def test_a_server_that_hangs_ends_in_one_line_and_the_answer_goes_on_in_a_real_terminal(tmp_path, qwen_paths):
-    """A second server (tests/mcp_servers.py over stdio, as configured) whose `block` tool never answers, with
+    """A second server (tests/helpers/mcp_servers.py over stdio, as configured) whose `block` tool never answers, with
     `[mcp] timeout_s = 2`: only block ticked (so the forced call is of it, whatever the model prefers), allowed with
     y; its fold says in one line that it timed out, the answer goes on, and the tool message is stored marked failed.
     The app stays usable: a second question's call of the same server (its first call still hanging there) times

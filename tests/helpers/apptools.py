@@ -1,4 +1,4 @@
-"""The app's tools in Pilot tests: a toolbox over the SDK's test server (tests/mcp_servers.py, over stdio), F5 with
+"""The app's tools in Pilot tests: a toolbox over the SDK's test server (tests/helpers/mcp_servers.py, over stdio), F5 with
 every tool ticked, and the question before a call. It imports the MCP SDK: import it after
 `pytest.importorskip("mcp")`."""
 
@@ -16,7 +16,7 @@ from specchat.ui.tools import ToolCallScreen, ToolsScreen
 
 
 def toolbox(timeout_s: float = 20.0, script: str = SCRIPT) -> Toolbox:
-    """The configured servers: one, named notes, running `script` (the test server, or tests/mcp_notes.py)."""
+    """The configured servers: one, named notes, running `script` (the test server, or tests/helpers/mcp_notes.py)."""
     return Toolbox(McpConfig((ServerEntry("notes", command=sys.executable, args=(script,)),), timeout_s=timeout_s))
 
 

@@ -3,7 +3,7 @@ the judge and the batch noise it allows, for tests/llama/test_rollback.py. Run o
 figures the README quotes: per model, how far the logits after each rewind were from a fresh decode's, and
 the batch noise measured apart.
 
-    python tests/rollback.py
+    python tests/helpers/rollback.py
 """
 
 from __future__ import annotations

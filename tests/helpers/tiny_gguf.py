@@ -18,8 +18,8 @@ target's); `write_gemma4_pair` writes one. The assistant is no model on its own:
 only as an MTP context (ctx_type LLAMA_CONTEXT_TYPE_MTP) whose ctx_other is a context of the target,
 and every draft row sits at the target's next position, since the assistant's cache is the target's.
 
-    python tests/tiny_gguf.py ARCH OUT.gguf [--vocab N] [--seed S] [--tokenizer-from PATH] [--chat-template JINJA]
-    python tests/tiny_gguf.py gemma4-assistant OUT.gguf --for TARGET.gguf [--seed S]
+    python tests/helpers/tiny_gguf.py ARCH OUT.gguf [--vocab N] [--seed S] [--tokenizer-from PATH] [--chat-template JINJA]
+    python tests/helpers/tiny_gguf.py gemma4-assistant OUT.gguf --for TARGET.gguf [--seed S]
 """
 
 from __future__ import annotations

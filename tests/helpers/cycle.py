@@ -1,4 +1,4 @@
-"""Drafting shown to work, not only to run: the constructed cycle models of tests/tiny_gguf.py, and
+"""Drafting shown to work, not only to run: the constructed cycle models of tests/helpers/tiny_gguf.py, and
 bugs planted in the MTP head and the draft path, each of which must make acceptance collapse.
 
 A cycle model's next token is its last token's successor round a fixed cycle, and the MTP head of the
@@ -7,7 +7,7 @@ hidden state before it) line up. A head that lines them up wrongly drafts the si
 never keeps; so greedy acceptance is about 1 with the code as it is and about 0 under each plant.
 llama.cpp itself refuses a follower whose cache is one position out (it checks that positions run on).
 
-    python tests/cycle.py      # prints the table the README quotes
+    python tests/helpers/cycle.py      # prints the table the README quotes
 """
 
 from __future__ import annotations

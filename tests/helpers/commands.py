@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def specchat(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
