@@ -94,25 +94,26 @@ def _own_document(parameters: Any, index: int) -> Any:
     if not isinstance(parameters, Mapping):
         return parameters
     own = f"json-schema:///specchat-tool-{index}.json"
-    brought = [parameters[k] for k in ("$id", "id") if isinstance(parameters.get(k), str) and parameters[k]]
+    brought = {parameters[k].split("#")[0].rstrip("/") for k in ("$id", "id")
+               if isinstance(parameters.get(k), str) and parameters[k]}
     body = {k: v for k, v in parameters.items() if k != "$id" and not (k == "id" and isinstance(v, str))}
     # Draft-04 (its `$schema` says so) names a document by `id`: both keywords, so that either draft reads it.
     draft04 = "draft-04" in str(parameters.get("$schema", ""))
-    return {"$id": own, **({"id": own} if draft04 else {}), **_renamed_refs(body, brought, own)}
+    return {"$id": own, **({"id": own} if draft04 else {}), **(_renamed_refs(body, brought, own) if brought else body)}
 
 
-def _renamed_refs(schema: Any, old: list[str], new: str) -> Any:
-    """The schema with every `$ref` into a document named in `old` (`URI#/pointer`, or `URI` alone) pointing
-    into `new` instead."""
+def _renamed_refs(schema: Any, old: set[str], new: str) -> Any:
+    """The schema with every `$ref` into a document of `old` (their URIs without fragment or closing slash)
+    pointing into `new` instead: `URI#/pointer` becomes `new#/pointer`."""
     if isinstance(schema, list):
         return [_renamed_refs(item, old, new) for item in schema]
-    if not isinstance(schema, Mapping) or not old:
+    if not isinstance(schema, Mapping):
         return schema
     out = {}
     for key, value in schema.items():
         if key == "$ref" and isinstance(value, str):
-            uri, hash_, pointer = value.partition("#")
-            value = f"{new}{hash_}{pointer}" if uri.rstrip("/") in {o.split("#")[0].rstrip("/") for o in old} else value
+            uri = value.partition("#")[0]
+            value = new + value[len(uri):] if uri.rstrip("/") in old else value
         out[key] = _renamed_refs(value, old, new)
     return out
 
