@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import tiny_gguf
 from pooled import answers_for, exact_joint, sample_answers, sampled_against
-from tempered import Tempered
+from tempered import guesser
 
 import specchat.decoding.verify as verify_module
 from specchat.decoding.constraint import Constraint, tokenizer_of
-from specchat.decoding.guessers import DraftGuesser, LookupGuesser
 from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
@@ -56,10 +55,6 @@ def prompt_of(model: Model) -> list[int]:
 def joint(target, models, grammar) -> dict[tuple[int, ...], float]:
     """The constrained target's probability of every three-token answer, from a fresh model and matcher."""
     return exact_joint(target, prompt_of(models[0]), 3, SAMPLING, grammar)
-
-
-def guesser(name: str, draft: Model):
-    return {"draft": DraftGuesser(Tempered(draft, 0.5)), "lookup": LookupGuesser()}[name]
 
 
 @pytest.mark.parametrize("name", ["draft", "lookup"])

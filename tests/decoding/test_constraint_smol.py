@@ -15,14 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pooled import answers_for, exact_joint, sample_answers, sampled_against
-from tempered import Tempered
+from tempered import guesser
 
 import specchat.decoding.verify as verify_module
 from specchat.decoding.constraint import Constraint, tokenizer_of
-from specchat.decoding.guessers import DraftGuesser, LookupGuesser
 from specchat.decoding.sampling import SamplingConfig
 from specchat.errors import SpecchatError
-from specchat.llama.model import Model
 
 pytestmark = pytest.mark.real
 
@@ -71,12 +69,6 @@ def test_the_grammar_cuts_the_targets_own_top_tokens(smol_path, prompt, grammar,
     assert all(1 <= n <= 2 for n in refused.values()), refused
     firsts = {answer[0] for answer in joint}
     assert len(firsts) >= 2 and len(joint) >= 6, joint
-
-
-def guesser(name: str, draft: Model):
-    # The draft sharper than the target (its logits doubled), as in test_engine.py: a correction then must come
-    # from the residual, away from the draft's favourite.
-    return {"draft": DraftGuesser(Tempered(draft, 0.5)), "lookup": LookupGuesser()}[name]
 
 
 @pytest.mark.parametrize("name", ["draft", "lookup"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specchat.decoding.guessers import DraftGuesser, Guesser, LookupGuesser
 from specchat.llama.model import Model
 
 
@@ -30,3 +31,9 @@ class _TemperedSession:
 
     def decode(self, tokens, logits="last"):
         return self._session.decode(tokens, logits) / self._by
+
+
+def guesser(name: str, draft: Model) -> Guesser:
+    """The exactness tests' guessers by name: "draft", the draft sharper than the target (its logits doubled), so
+    that a correction must come from the residual, away from the draft's favourite; or "lookup"."""
+    return {"draft": lambda: DraftGuesser(Tempered(draft, 0.5)), "lookup": LookupGuesser}[name]()
