@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
+from typing import Iterable
 
 from specchat.errors import SpecchatError
 
@@ -27,3 +29,16 @@ def load_prompts(path: Path) -> list[tuple[str, str]]:
     if not prompts:
         raise SpecchatError(f"{path} holds no prompts")
     return prompts
+
+
+def pick_prompts(paths: Iterable[Path], per_task: int, tasks: Iterable[str] | None = None) -> list[tuple[str, str]]:
+    """The first `per_task` prompts of each task across these files, in order; only `tasks` where given."""
+    wanted = None if tasks is None else set(tasks)
+    picked, taken = [], Counter[str]()
+    for task, text in (item for path in paths for item in load_prompts(path)):
+        if (wanted is None or task in wanted) and taken[task] < per_task:
+            picked.append((task, text))
+            taken[task] += 1
+    if not picked:
+        raise SpecchatError(f"no prompts of the tasks {sorted(wanted or ())} in {', '.join(map(str, paths))}")
+    return picked
