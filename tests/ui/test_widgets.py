@@ -3,7 +3,9 @@ an answer streams into it."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from textual.app import App, ComposeResult
@@ -14,6 +16,7 @@ from textual.widgets._collapsible import CollapsibleTitle
 from specchat.decoding.events import Source, Stats, Step, Token
 from specchat.service.backend import Baseline
 from specchat.service.events import Answered, Said
+from specchat.ui.app import SpecchatApp
 from specchat.ui.keyline import KeyLine
 from specchat.ui.widgets import MessageView, StatsPanel, ToolView, growing_block
 
@@ -128,6 +131,7 @@ class Folds(App):
     """A failed call whose line is long and holds what markup would take for a style, and a refused one."""
 
     LINE = "[b]slow[/b] (server 'x') timed out: " + "x" * 300
+    CSS_PATH = str(Path(inspect.getfile(SpecchatApp)).with_name(str(SpecchatApp.CSS_PATH)))  # the app's own styles
 
     def compose(self) -> ComposeResult:
         yield ToolView(self.LINE, "slow({})", failed=True)
@@ -141,6 +145,13 @@ async def test_a_failed_calls_fold_says_why_on_one_cut_line_as_plain_text():
         assert title == "failed · " + Folds.LINE[:ToolView.WHY - 1] + "…"
         assert "[b]slow[/b]" in str(failed.query_one(CollapsibleTitle).render())  # drawn as written
         assert str(refused.query_one(Collapsible).title) == "refused"  # the refusal's line is the word itself
+
+
+async def test_a_failed_calls_line_wraps_on_a_narrow_terminal():
+    async with Folds().run_test(size=(80, 20)) as pilot:
+        failed = pilot.app.query(ToolView).first()
+        title = failed.query_one(CollapsibleTitle)
+        assert title.region.right <= 80 and title.region.height >= 2, title.region  # all of it, on two lines or more
 
 
 # --- an answer as it streams -------------------------------------------------------------------------------------
