@@ -12,17 +12,20 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from typing import Sequence
 
 from specchat.decoding.engine import GenerationConfig, final
 from specchat.decoding.events import Stats
-from specchat.decoding.guessers import AutoGuesser, build
+from specchat.decoding.guessers import build
 from specchat.decoding.policy import CostCurve
 from specchat.errors import SpecchatError
 from specchat.llama.model import Model
 from specchat.llama.template import Message
 from specchat.service.choices import ModelChoice
 from specchat.service.local import open_local
+from specchat.tools.judging import auto_for
 from specchat.tools.promptsets import load_prompts
+from specchat.tools.reading import greedy_guesses
 from specchat.tools.recorded import Answer, fold
 from specchat.tools.replay import oracle, replay, tokens_per_step_formula
 
@@ -50,8 +53,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
                 done = final(service.chat(messages, config, name))
                 runs[task][label][rep].append(done.stats)
                 if label == "plain" and rep == 0:
-                    plain = Answer(task, fold(text), config.sampling.temperature, tuple(service.last_prompt),
-                                   tuple(done.token_ids))
+                    plain = _recorded(task, text, service.last_prompt, done.token_ids, config, service.pair.draft)
                     modelled[task].append(_modelled(plain, curve, target))
         print(f"  prompt {n}/{len(prompts)} ({task}) done", file=sys.stderr)
 
@@ -64,12 +66,22 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     return 0
 
 
+def _recorded(task: str, text: str, prompt: Sequence[int], answer: Sequence[int], config: GenerationConfig,
+              draft: Model | None) -> Answer:
+    """Plain's answer as `bench/corpus record` keeps one: greedy, with the draft's guess at every position, so
+    that the replay's auto can draft as the live one does (read now, in one batch of the draft's)."""
+    temperature = config.sampling.temperature
+    guesses, probs = greedy_guesses(draft, prompt, answer) if draft is not None and temperature == 0 else ([], [])
+    return Answer(task, fold(text), temperature, tuple(prompt), tuple(answer), tuple(guesses), tuple(probs))
+
+
 def _modelled(answer: Answer, curve: CostCurve, target: Model) -> tuple[float, float, float]:
     """Plain decoding, the oracle bound and auto on plain's answer, in seconds by the curve, as `bench/corpus`
-    judges a recorded answer: the same controller replayed at the curve's costs (lookup only, and so the
-    oracle gets no draft either), its choices judged without timing noise."""
-    auto = AutoGuesser(curve.copy(), piece=target.piece)
-    return float(curve.verify(1)) * len(answer.answer), oracle(answer, curve, draft=False), replay(answer, curve, auto)[0]
+    judges a recorded answer: auto built as a fresh conversation builds it (the recorded draft, the target's
+    token bytes) and replayed at the curve's costs, its choices judged without timing noise; the oracle with
+    the draft too where one was recorded."""
+    auto = auto_for(answer, curve.copy(), piece=target.piece)
+    return float(curve.verify(1)) * len(answer.answer), oracle(answer, curve), replay(answer, curve, auto)[0]
 
 
 def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, list[tuple[float, float, float]]],
@@ -114,7 +126,7 @@ def _print_bench(report: dict[str, dict[str, dict[str, float]]], target: str, re
     for task, rows in report.items():
         for name, r in rows.items():
             if name == "oracle":
-                print(f"{task:10}{'oracle bound (any copy, from the cost curve)':57}{r['speedup_vs_plain']:>8.2f}x")
+                print(f"{task:10}{'oracle bound (any copy or the draft, by the cost curve)':57}{r['speedup_vs_plain']:>8.2f}x")
                 continue
             if name == "modelled":
                 share = r["share_of_oracle_gain"]

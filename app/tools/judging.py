@@ -50,12 +50,14 @@ class RecordedDraft(BaseGuesser):
         return Proposal(tokens, None, "draft", sync_s)
 
 
-def auto_for(answer: Answer, curve: CostCurve, priors: Priors | None = None) -> AutoGuesser:
+def auto_for(answer: Answer, curve: CostCurve, priors: Priors | None = None,
+             piece: Callable[[int], bytes] | None = None) -> AutoGuesser:
     """Auto as a fresh conversation builds it, with the recorded draft where there is one (greedy only: a
     sampled draft's fate depends on both distributions, which are not recorded), on these priors (None:
-    the defaults)."""
+    the defaults), and with the target's token bytes where the caller has its model (`piece`), as the live
+    registry passes them."""
     drafters = {"draft": RecordedDraft(answer, curve)} if answer.draft_guess and answer.temperature == 0 else {}
-    return AutoGuesser(curve, drafters, priors=PRIORS if priors is None else {True: priors, False: priors})
+    return AutoGuesser(curve, drafters, piece=piece, priors=PRIORS if priors is None else {True: priors, False: priors})
 
 
 @dataclass(frozen=True)

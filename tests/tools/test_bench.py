@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 from fakes.model import ScriptedModel
 
+from specchat.decoding.engine import GenerationConfig
 from specchat.decoding.policy import CostCurve
-from specchat.tools.bench import _modelled
+from specchat.decoding.sampling import SamplingConfig
+from specchat.tools.bench import _modelled, _recorded
 from specchat.tools.recorded import Answer
 from specchat.tools.replay import lookup_copy, oracle
 
@@ -23,3 +25,22 @@ def test_bench_bounds_plains_answer_by_the_oracle_the_corpus_quotes():
     assert plain == pytest.approx(14 * float(FLAT.verify(1)))
     assert bound == oracle(answer, FLAT) and bound < oracle(answer, FLAT, copies=lookup_copy)
     assert bound <= auto < plain  # auto, replayed, copies the passage too, from where lookup can find it
+
+
+def test_plains_answer_is_recorded_with_the_drafts_greedy_guess_at_every_position():
+    draft, answer = ScriptedModel(seed=1, vocab=9), (3, 1, 4, 1, 5, 2, 6)
+    recorded = _recorded("edit", "a prompt", PROMPT[:5], answer, GenerationConfig(), draft)
+    seq = [*PROMPT[:5], *answer]
+    assert recorded.draft_guess == tuple(int(draft.logits(seq[:i]).argmax()) for i in range(5, len(seq)))
+    assert recorded.answer == answer and len(recorded.draft_p) == len(answer)
+    sampled = GenerationConfig(sampling=SamplingConfig(temperature=0.7))  # a sampled draft's fate is not recorded
+    assert _recorded("edit", "a prompt", PROMPT[:5], answer, sampled, draft).draft_guess == ()
+
+
+def test_the_modelled_auto_drafts_as_the_live_one_does():
+    # Nothing earlier to copy from, and a draft that guesses every token: only drafting can beat plain decoding.
+    answer = Answer("open", "fit", 0.0, PROMPT, tuple(range(30, 70)), draft_guess=tuple(range(30, 70)),
+                    draft_p=(0.99,) * 40)
+    plain, bound, auto = _modelled(answer, FLAT, ScriptedModel(vocab=9))
+    assert bound == oracle(answer, FLAT) < oracle(answer, FLAT, draft=False) == plain  # the bound drafts too
+    assert auto < 0.8 * plain  # and so does auto, replayed
