@@ -16,6 +16,7 @@ from textual.content import Content, Span
 from textual.widgets import Collapsible, Markdown, Static
 
 from specchat.decoding.events import Source, Stats, Step
+from specchat.mcptools.results import one_line
 from specchat.service.backend import Baseline
 from specchat.service.events import ENGINE_FIGURES, Answered, Chunk
 from specchat.ui.streaming import Piece
@@ -274,8 +275,7 @@ class ToolView(MessageView):
         yield Static(self.label(), classes="role")
         # A failure's line is short and says why (timed out, raised, not run): shown on the fold, so the user need
         # not open it; a long one is cut there, whole inside.
-        why = self.content if len(self.content) <= self.WHY else self.content[:self.WHY - 1] + "…"
-        what = "refused" if self.refused else f"failed · {why}" if self.failed else \
+        what = "refused" if self.refused else f"failed · {one_line(self.content, self.WHY)}" if self.failed else \
             f"result · {len(self.content):,} characters"
         # Plain text, not markup: a server's line may hold square brackets.
         with Collapsible(title=Content(what), collapsed=True, classes="result"):
@@ -295,8 +295,7 @@ class ToolView(MessageView):
 
 def call_line(name: str, arguments: str, limit: int = 200) -> str:
     """A call as one line: the tool and its arguments, cut where they run long."""
-    line = f"{name}({' '.join(arguments.split())})"
-    return line if len(line) <= limit else line[:limit - 1] + "…"
+    return one_line(f"{name}({' '.join(arguments.split())})", limit)
 
 
 class StatsPanel(Vertical):
