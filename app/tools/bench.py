@@ -12,7 +12,6 @@ import json
 import statistics
 import sys
 from collections import defaultdict
-from typing import Sequence
 
 from specchat.decoding.engine import GenerationConfig, final
 from specchat.decoding.events import Stats
@@ -25,8 +24,8 @@ from specchat.service.choices import ModelChoice
 from specchat.service.local import open_local
 from specchat.tools.judging import auto_for
 from specchat.tools.promptsets import load_prompts
-from specchat.tools.reading import greedy_guesses
-from specchat.tools.recorded import Answer, fold
+from specchat.tools.reading import recorded
+from specchat.tools.recorded import Answer
 from specchat.tools.replay import oracle, replay, tokens_per_step_formula
 
 
@@ -53,7 +52,8 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
                 done = final(service.chat(messages, config, name))
                 runs[task][label][rep].append(done.stats)
                 if label == "plain" and rep == 0:
-                    plain = _recorded(task, text, service.last_prompt, done.token_ids, config, service.pair.draft)
+                    plain = recorded(task, text, config.sampling.temperature, service.last_prompt, done.token_ids,
+                                     service.pair.draft)
                     modelled[task].append(_modelled(plain, curve, target))
         print(f"  prompt {n}/{len(prompts)} ({task}) done", file=sys.stderr)
 
@@ -64,15 +64,6 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
-
-
-def _recorded(task: str, text: str, prompt: Sequence[int], answer: Sequence[int], config: GenerationConfig,
-              draft: Model | None) -> Answer:
-    """Plain's answer as `bench/corpus record` keeps one: greedy, with the draft's guess at every position, so
-    that the replay's auto can draft as the live one does (read now, in one batch of the draft's)."""
-    temperature = config.sampling.temperature
-    guesses, probs = greedy_guesses(draft, prompt, answer) if draft is not None and temperature == 0 else ([], [])
-    return Answer(task, fold(text), temperature, tuple(prompt), tuple(answer), tuple(guesses), tuple(probs))
 
 
 def _modelled(answer: Answer, curve: CostCurve, target: Model) -> tuple[float, float, float]:

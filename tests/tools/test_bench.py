@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 from fakes.model import ScriptedModel
 
-from specchat.decoding.engine import GenerationConfig
 from specchat.decoding.policy import CostCurve
-from specchat.decoding.sampling import SamplingConfig
-from specchat.tools.bench import _modelled, _recorded
+from specchat.tools.bench import _modelled
+from specchat.tools.reading import recorded
 from specchat.tools.recorded import Answer
 from specchat.tools.replay import lookup_copy, oracle
 
@@ -29,12 +28,12 @@ def test_bench_bounds_plains_answer_by_the_oracle_the_corpus_quotes():
 
 def test_plains_answer_is_recorded_with_the_drafts_greedy_guess_at_every_position():
     draft, answer = ScriptedModel(seed=1, vocab=9), (3, 1, 4, 1, 5, 2, 6)
-    recorded = _recorded("edit", "a prompt", PROMPT[:5], answer, GenerationConfig(), draft)
+    plain = recorded("edit", "a prompt", 0.0, PROMPT[:5], answer, draft)
     seq = [*PROMPT[:5], *answer]
-    assert recorded.draft_guess == tuple(int(draft.logits(seq[:i]).argmax()) for i in range(5, len(seq)))
-    assert recorded.answer == answer and len(recorded.draft_p) == len(answer)
-    sampled = GenerationConfig(sampling=SamplingConfig(temperature=0.7))  # a sampled draft's fate is not recorded
-    assert _recorded("edit", "a prompt", PROMPT[:5], answer, sampled, draft).draft_guess == ()
+    assert plain.draft_guess == tuple(int(draft.logits(seq[:i]).argmax()) for i in range(5, len(seq)))
+    assert plain.answer == answer and len(plain.draft_p) == len(answer)
+    # a sampled draft's fate is not recorded
+    assert recorded("edit", "a prompt", 0.7, PROMPT[:5], answer, draft).draft_guess == ()
 
 
 def test_the_modelled_auto_drafts_as_the_live_one_does():
