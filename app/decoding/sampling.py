@@ -45,26 +45,52 @@ def logits_to_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     the order llama.cpp's default sampler chain uses, so settings mean the same as there.
     Greedy configs give a one-hot at the argmax, so the acceptance rule needs no special case.
     """
-    logits = np.asarray(logits, dtype=np.float64)
+    logits = np.asarray(logits)  # float32 from llama.cpp: each row is made float64 once, where it is worked on
     if cfg.greedy:
-        probs = np.zeros_like(logits)
+        probs = np.zeros(logits.shape)
         np.put_along_axis(probs, logits.argmax(-1)[..., None], 1.0, axis=-1)
         return probs
-    keep = np.ones(logits.shape, dtype=bool)
-    if cfg.top_k and cfg.top_k < logits.shape[-1]:
-        kth = np.partition(logits, -cfg.top_k, axis=-1)[..., -cfg.top_k, None]
-        keep &= logits >= kth
+    if logits.ndim != 1:
+        return np.stack([_row_probs(row, cfg) for row in logits.reshape(-1, logits.shape[-1])]).reshape(logits.shape)
+    return _row_probs(logits, cfg)
+
+
+def _row_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
+    """One row (V,), every step's: the filters work on the few tokens they keep, not on whole rows, and the row is
+    copied once (a fresh 1.2 MB array costs more in page faults than the arithmetic on it). On a 150k vocabulary
+    that is 0.3-0.5 ms a row with or without filters, where whole-row masks took 1-3 ms without and 3-8 ms with:
+    up to a quarter of a CPU's step, and more than a GPU's."""
+    kept = None  # the indices kept (None: all)
+    if cfg.top_k and cfg.top_k < len(logits):
+        kth = np.partition(logits, -cfg.top_k)[-cfg.top_k]
+        kept = np.flatnonzero(logits >= kth)  # ties with the k-th are all kept
     if cfg.top_p < 1 or cfg.min_p > 0:
-        base = _softmax(np.where(keep, logits, -np.inf))
-        if cfg.min_p > 0:
-            keep &= base >= cfg.min_p * base.max(-1, keepdims=True)
+        among = logits if kept is None else logits[kept]
+        base = np.exp(np.subtract(among, among.max(), dtype=np.float64))
+        base /= base.sum()
+        keep = np.ones(len(among), dtype=bool) if cfg.top_p == 1 else np.zeros(len(among), dtype=bool)
         if cfg.top_p < 1:
-            keep &= _top_p_mask(base, cfg.top_p)
-    # Shift by the largest kept logit before dividing: logits / T overflows to inf for a tiny T
-    # (1e-310), and inf - inf is NaN. Then the kept values are <= 0 and one of them is 0.
-    shifted = logits - np.where(keep, logits, -np.inf).max(-1, keepdims=True)
-    with np.errstate(over="ignore"):  # a value that overflows to -inf is meant: its weight is 0
-        return _softmax(np.where(keep, shifted / cfg.temperature, -np.inf))
+            keep[_nucleus(base, cfg.top_p)] = True
+        if cfg.min_p > 0:
+            keep &= base >= cfg.min_p * base.max()
+        within = np.flatnonzero(keep)
+        kept = within if kept is None else kept[within]
+    if kept is None:  # no filter: every token, tempered
+        # Shift by the largest logit before dividing: logits / T overflows to inf for a tiny T (1e-310), and
+        # inf - inf is NaN. Then the values are <= 0 and one of them is 0 (a value that overflows to -inf is
+        # meant: its weight is 0).
+        x = np.subtract(logits, logits.max(), dtype=np.float64)
+        with np.errstate(over="ignore"):
+            np.divide(x, cfg.temperature, out=x)
+        np.exp(x, out=x)
+        x /= x.sum()
+        return x
+    chosen = logits[kept].astype(np.float64)
+    with np.errstate(over="ignore"):
+        weights = np.exp((chosen - chosen.max()) / cfg.temperature)
+    probs = np.zeros(len(logits))
+    probs[kept] = weights / weights.sum()
+    return probs
 
 
 def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -84,9 +110,26 @@ def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One token from a probability vector (inverse CDF: one uniform draw, no Python loop)."""
-    cdf = np.cumsum(probs)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))
+    """One token from a probability vector, by inverse CDF: one uniform draw, no Python loop. On a large vocabulary
+    the cumulative sum runs over blocks' sums, then over one block (a cumulative sum of 150k entries costs 0.5 ms,
+    these a tenth of that); never a token of probability 0."""
+    n = len(probs)
+    if n <= 4 * _BLOCK:
+        cdf = np.cumsum(probs)
+        return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), n - 1))
+    cdf = np.cumsum(np.add.reduceat(probs, np.arange(0, n, _BLOCK)))
+    u = rng.random() * cdf[-1]
+    b = int(min(np.searchsorted(cdf, u, side="right"), len(cdf) - 1))  # cdf[b - 1] <= u < cdf[b]: mass in block b
+    below = cdf[b - 1] if b else 0.0
+    block = probs[b * _BLOCK:(b + 1) * _BLOCK]
+    within = np.cumsum(block)
+    # Where u falls in the block, as a fraction of its mass (the two sums round apart), then among its own tokens;
+    # rounding up at the block's end must not land on a token of probability 0 after its last token with any.
+    j = int(np.searchsorted(within, (u - below) / (cdf[b] - below) * within[-1], side="right"))
+    return b * _BLOCK + min(j, int(np.flatnonzero(block)[-1]))
+
+
+_BLOCK = 1024
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -94,19 +137,11 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
-def _top_p_mask(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
-    mask = np.zeros(probs.shape, dtype=bool)
-    for row, out in zip(probs.reshape(-1, probs.shape[-1]), mask.reshape(-1, probs.shape[-1])):
-        out[_nucleus(row, top_p)] = True
-    return mask
-
-
 def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
-    # Sorting 150k entries per token costs milliseconds; the nucleus is nearly always
-    # inside the top few hundred, so sort those and fall back to a full sort only if not.
+    # Sorting 150k entries per token costs 20 ms; the nucleus is nearly always inside the top few hundred, so sort
+    # those, and where it is not (a flat distribution), sixteen times as many, and so on.
     n = probs.shape[-1]
-    for size in (min(256, n), n):
+    for size in (*(size for size in (256, 4096, 65536) if size < n), n):
         top = np.argpartition(-probs, size - 1)[:size] if size < n else np.arange(n)
         top = top[np.argsort(-probs[top], kind="stable")]
         mass_before = np.cumsum(probs[top]) - probs[top]

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from scipy.stats import chisquare
 
 from specchat.decoding.sampling import SamplingConfig, logits_to_probs, sample
 from specchat.errors import SpecchatError
@@ -72,3 +73,52 @@ def test_sample_follows_distribution():
 def test_invalid_settings_are_clear_errors(kwargs):
     with pytest.raises(SpecchatError):
         SamplingConfig(**kwargs)
+
+
+def _whole_row_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
+    """The filters as defined, on whole rows: a mask over every token, the base distribution over every token."""
+    keep = np.ones(len(logits), dtype=bool)
+    if cfg.top_k and cfg.top_k < len(logits):
+        keep &= logits >= np.sort(logits)[-cfg.top_k]
+    base = np.where(keep, np.exp(logits - logits[keep].max()), 0.0)
+    base /= base.sum()
+    if cfg.min_p > 0:
+        keep &= base >= cfg.min_p * base.max()
+    if cfg.top_p < 1:
+        order = np.argsort(-base, kind="stable")
+        nucleus = np.zeros(len(logits), dtype=bool)
+        nucleus[order[np.cumsum(base[order]) - base[order] < cfg.top_p]] = True
+        keep &= nucleus
+    weights = np.where(keep, np.exp((logits - logits[keep].max()) / cfg.temperature), 0.0)
+    return weights / weights.sum()
+
+
+def test_each_row_is_what_the_filters_define_on_the_whole_row():
+    """400 rows of 1 to 600 tokens, under every combination of the filters: the same tokens kept and the same
+    probabilities as masks over the whole row give, which is what the filters mean (the row's own code works on the
+    tokens kept). With ties for top-k, which keeps them all; not for top-p, where which of two tied tokens closes the
+    nucleus is the sort's to say. A top-k that drops ties, or a nucleus judged after min-p, fails here."""
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        n = int(rng.integers(1, 600))
+        logits = np.round(rng.normal(0, 3, n), int(rng.integers(0, 3)))  # rounded: ties
+        cfg = SamplingConfig(float(rng.choice([0.3, 0.7, 1.0, 1.5])), int(rng.choice([0, 1, 5, 40])),
+                             float(rng.choice([1.0, 0.5, 0.9, 0.95])), float(rng.choice([0.0, 0.05, 0.2])))
+        if cfg.top_p < 1:
+            logits = logits + rng.permutation(n) * 1e-6
+        got, want = logits_to_probs(logits, cfg), _whole_row_probs(logits, cfg)
+        assert (np.flatnonzero(got) == np.flatnonzero(want)).all(), cfg
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15, err_msg=str(cfg))
+
+
+def test_sample_on_a_large_vocabulary_follows_the_distribution_and_never_draws_a_zero():
+    """150k tokens, most of probability 0 and the rest spread over a few blocks of the block-wise draw, some at the
+    ends of blocks: 40,000 draws follow p, and none is a token of probability 0."""
+    rng = np.random.default_rng(0)
+    p = np.zeros(150_000)
+    support = np.array([0, 1023, 1024, 5000, 70_000, 70_001, 149_999])
+    p[support] = rng.dirichlet(np.ones(len(support)))
+    draws_rng = np.random.default_rng(1)
+    draws = np.array([sample(p, draws_rng) for _ in range(40_000)])
+    assert set(draws) <= set(support)
+    assert chisquare([np.sum(draws == t) for t in support], p[support] * 40_000).pvalue > 1e-3
