@@ -107,12 +107,32 @@ def _close_question(app: App) -> None:
         app.screen.dismiss(Choice.REFUSE)
 
 
+class _ToolList(SelectionList[str]):
+    """Enter saves the dialog, Space ticks. Keys typed ahead (a fast typist, a paste) must all count, in order: Enter
+    is bound here on the focused list, not as the screen's priority binding, which runs as its key arrives, ahead of
+    the keys typed before it still waiting in the list's queue; and Space ticks at once, not through the message the
+    list posts to itself, which an Enter already queued would overtake. Either way the choice was saved without
+    what was typed before Enter."""
+
+    BINDINGS = [Binding("enter", "screen.save", "Save", show=False)]
+
+    def action_select(self) -> None:
+        if self.highlighted is not None:
+            self.toggle(self.get_option_at_index(self.highlighted))
+
+
+class _CallFirst(Checkbox):
+    """Enter saves here too, once Tab has brought the focus (Space ticks)."""
+
+    BINDINGS = [Binding("enter", "screen.save", "Save", show=False)]
+
+
 class ToolsScreen(ModalScreen["ToolChoice | None"]):
     """The tools this conversation offers the model: each configured tool, ticked or not, and whether each reply
     begins with a call. Enter saves (none ticked: tools off), Esc leaves them as they were (dismissed with None)."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("enter", "save", "Save", priority=True),
-                Binding("ctrl+a", "all", "All"), Binding("ctrl+t", "call_first", "Call first")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+a", "all", "All"),
+                Binding("ctrl+t", "call_first", "Call first")]
 
     def __init__(self, tools: list[tuple[str, str]], chosen: ToolChoice | None) -> None:
         super().__init__()
@@ -122,11 +142,11 @@ class ToolsScreen(ModalScreen["ToolChoice | None"]):
         ticked = self.chosen.names if self.chosen is not None else ()
         with Vertical(classes="dialog"):
             yield Label("Tools for this conversation", classes="dialog-title")
-            yield SelectionList[str](*((f"{name}  {description[:60]}", name, name in ticked)
-                                       for name, description in self.tools), id="tool-list")
-            yield Checkbox("Call first: each reply begins with a call, then answers in words (for a small model, "
-                           "which will not decide to call by itself)", self.chosen is not None and self.chosen.call_first,
-                           id="call-first")
+            yield _ToolList(*((f"{name}  {description[:60]}", name, name in ticked)
+                              for name, description in self.tools), id="tool-list")
+            yield _CallFirst("Call first: each reply begins with a call, then answers in words (for a small model, "
+                             "which will not decide to call by itself)", self.chosen is not None and self.chosen.call_first,
+                             id="call-first")
             yield Static("Space ticks a tool · Ctrl+A ticks all · Ctrl+T call first · Enter saves (none ticked: tools "
                          "off) · Esc cancels", classes="hint")
 

@@ -245,3 +245,37 @@ async def test_a_growing_paragraph_changes_the_messages_height_once_in_several_l
         changes = sum(a != b for a, b in zip(heights, heights[1:]))
         assert lines >= 40  # it wrapped many times
         assert changes <= lines / 3
+
+
+@pytest.mark.parametrize("keys, chosen", [(("space", "ctrl+t", "enter"), (("echo",), True)),
+                                          (("down", "space", "enter"), (("add",), False)),
+                                          (("ctrl+a", "tab", "space", "enter"), (("echo", "add"), True))])
+async def test_the_tools_dialog_counts_every_key_typed_ahead_of_enter(keys, chosen):
+    """Keys that arrive together, as from a fast typist or a paste, all count, in the order typed, the last Enter
+    saving what the ones before it chose. They are sent as a terminal delivers them, one after the other without
+    waiting (Pilot's `press` waits for each key to be handled, which hides the race). The dialog's Enter was a
+    priority binding, run as the key arrives, ahead of those still queued for the list: all three cases failed so.
+    With Enter bound on the list but Space ticking through the list's message to itself, the Enter overtook the tick:
+    the first two failed."""
+    from textual import events
+
+    from specchat.service.conversation import ToolChoice
+    from specchat.ui.tools import ToolsScreen
+
+    saved: list[ToolChoice | None] = []
+
+    class Host(App):
+        def on_mount(self) -> None:
+            self.push_screen(ToolsScreen([("echo", "says it back"), ("add", "adds two numbers")], None), saved.append)
+
+    app = Host()
+    async with app.run_test() as pilot:
+        while not isinstance(app.screen, ToolsScreen) or not app.screen.query("#tool-list"):
+            await pilot.pause()
+        for key in keys:
+            app._driver.send_message(events.Key(key, " " if key == "space" else None))
+        for _ in range(200):
+            if saved:
+                break
+            await pilot.pause(0.01)
+    assert saved == [ToolChoice(*chosen)]
