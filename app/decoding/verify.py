@@ -7,7 +7,7 @@ exactness by sampling with a fixed seed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Generic, Sequence, TypeVar
 
 import numpy as np
 
@@ -110,7 +110,7 @@ class TreeVerdict:
     token: int
 
 
-def verify_tree(tree: Tree, target_probs: np.ndarray | Rows, rng: np.random.Generator) -> TreeVerdict:
+def verify_tree(tree: Tree, target_probs: np.ndarray | Rows[np.ndarray], rng: np.random.Generator) -> TreeVerdict:
     """Recursive rejection sampling (SpecInfer, Miao et al. 2024; Chen et al.'s multi-draft analysis):
     at each node, with r the target's distribution there, each child x in turn is accepted with
     probability min(1, r(x)/q(x)) and then followed; on a rejection r becomes normalize(max(0, r - q)),
@@ -144,7 +144,7 @@ def verify_tree(tree: Tree, target_probs: np.ndarray | Rows, rng: np.random.Gene
             return TreeVerdict(tuple(path), sample(r, rng))
 
 
-def verify_tree_greedy(tree: Tree, target_argmax: Sequence[int]) -> TreeVerdict:
+def verify_tree_greedy(tree: Tree, target_argmax: Sequence[int] | Rows[int]) -> TreeVerdict:
     """Temperature 0: follow the child that is the target's argmax, as deep as the tree agrees."""
     node, path = -1, []
     while True:
@@ -163,27 +163,30 @@ def verify_logits(tree: Tree, logits: np.ndarray, sampling: SamplingConfig, rng:
     renormalised *before* the rule, so the rule is exact for the constrained target whatever the guesses
     (a refused guess has probability 0 there and is rejected). Greedy: the argmax among the allowed.
 
-    Sampled, a row becomes probabilities only when the rule reads it, and it reads only the rows on its path (the
-    kept guesses and one more): on a 150k vocabulary a row costs about 1 ms alone and all 17 rows of a 16-token
-    guess at once 40 ms, more than a CPU's step and four of a GPU's, most of it for rows after a rejection."""
+    A row is worked on only when the rule reads it, and it reads only the rows on the path it keeps (the kept
+    guesses and one more): on a 150k vocabulary making a row's probabilities costs about 0.4 ms, masking it for a
+    grammar more, and all 17 rows of a 16-token guess rejected at once cost 24-81 ms made up front (a CPU's step is
+    30 ms, a GPU's a few; `bench/sampling`)."""
+    def row(i: int) -> np.ndarray:
+        return logits[i] if allowed is None else masked(logits[i], allowed[i])
+
+    n = len(tree.tokens) + 1
     if sampling.greedy:
-        if allowed is not None:
-            logits = masked(logits, allowed)
-        return verify_tree_greedy(tree, np.asarray(logits).argmax(-1))
-
-    def probs(i: int) -> np.ndarray:
-        return logits_to_probs(logits[i] if allowed is None else masked(logits[i], allowed[i]), sampling)
-
-    return verify_tree(tree, Rows(probs, len(tree.tokens) + 1), rng)
+        return verify_tree_greedy(tree, Rows(lambda i: int(np.argmax(row(i))), n))
+    return verify_tree(tree, Rows(lambda i: logits_to_probs(row(i), sampling), n), rng)
 
 
-class Rows:
-    """The target's distributions as `verify_tree` reads them, row i made by `make(i)` when first read."""
+T = TypeVar("T")
 
-    def __init__(self, make: Callable[[int], np.ndarray], n: int) -> None:
-        self._make, self._rows, self.shape = make, {}, (n,)
 
-    def __getitem__(self, i: int) -> np.ndarray:
+class Rows(Generic[T]):
+    """What the rule reads of the target's rows, row i made by `make(i)` when first read."""
+
+    def __init__(self, make: Callable[[int], T], n: int) -> None:
+        self._make, self.shape = make, (n,)
+        self._rows: dict[int, T] = {}
+
+    def __getitem__(self, i: int) -> T:
         if i not in self._rows:
             self._rows[i] = self._make(i)
         return self._rows[i]

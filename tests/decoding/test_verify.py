@@ -105,23 +105,29 @@ def test_drafts_with_another_vocabulary_size_reproduce_the_target(draft_width):
     assert accepted / N == pytest.approx(np.minimum(P[:shared], q[:shared]).sum(), abs=0.01)
 
 
-def test_sampled_verification_reads_only_the_rows_on_its_path(monkeypatch):
-    """A row of a real vocabulary costs a millisecond to make probabilities of, so the rule makes only the rows it
-    reads: a 16-token guess whose first token the target rules out reads one row, not 17; one whose first 5
-    tokens hold, 6. The rows' results are the rule's as before (the tests above, and tests/decoding/test_exact.py).
-    Planting the old way, every row made up front, makes 17."""
+@pytest.mark.parametrize("temperature, grammar", [(1.0, False), (1.0, True), (0.0, True)])
+def test_verification_reads_only_the_rows_on_its_path(monkeypatch, temperature, grammar):
+    """A row of a real vocabulary costs about 0.4 ms to make probabilities of, and more to mask for a grammar, so the
+    rule works on the rows it reads only: a 16-token guess whose first token the target rules out reads one row,
+    not 17; one whose first 5 tokens hold, 6. Sampled, and greedy or sampled under a grammar (counted where the
+    row is masked). What the rule decides is checked by the tests above and tests/decoding/test_exact.py. Planting
+    the old way, every row made up front, makes 17."""
     import specchat.decoding.verify as verify_module
-    from specchat.decoding.sampling import SamplingConfig, logits_to_probs
+    from specchat.decoding.sampling import SamplingConfig, logits_to_probs, masked
     from specchat.decoding.verify import Tree, verify_logits
 
     made = []
-    monkeypatch.setattr(verify_module, "logits_to_probs", lambda logits, cfg: made.append(1) or logits_to_probs(logits, cfg))
+    if grammar:
+        monkeypatch.setattr(verify_module, "masked", lambda logits, allowed: made.append(1) or masked(logits, allowed))
+    else:
+        monkeypatch.setattr(verify_module, "logits_to_probs", lambda logits, cfg: made.append(1) or logits_to_probs(logits, cfg))
     logits = np.full((17, 50), -30.0)
     logits[np.arange(17), np.arange(17)] = 30.0  # the target is sure of token i at row i
+    allowed = np.ones((17, 50), dtype=bool) if grammar else None
     rng = np.random.default_rng(0)
-    sampling = SamplingConfig(1.0)
-    assert verify_logits(Tree.chain([40] * 16), logits, sampling, rng).path == ()
+    sampling = SamplingConfig(temperature)
+    assert verify_logits(Tree.chain([40] * 16), logits, sampling, rng, allowed).path == ()
     assert len(made) == 1
     made.clear()
-    assert len(verify_logits(Tree.chain([*range(5), *[40] * 11]), logits, sampling, rng).path) == 5
+    assert len(verify_logits(Tree.chain([*range(5), *[40] * 11]), logits, sampling, rng, allowed).path) == 5
     assert len(made) == 6
