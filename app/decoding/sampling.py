@@ -57,9 +57,9 @@ def logits_to_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
 
 def _row_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     """One row (V,), every step's: the filters work on the few tokens they keep, not on whole rows, and the row is
-    copied once (a fresh 1.2 MB array costs more in page faults than the arithmetic on it). On a 150k vocabulary
-    that is 0.3-0.5 ms a row with or without filters, where whole-row masks took 1-3 ms without and 3-8 ms with:
-    up to a quarter of a CPU's step, and more than a GPU's."""
+    copied once (a fresh 1.2 MB array costs more in page faults than the arithmetic on it). On the default target's
+    rows a token then costs 0.4-1.8 ms with the draw, where whole-row masks made it 1.0-3.9 ms, up to 14% of a CPU's
+    step (`bench/sampling`)."""
     kept = None  # the indices kept (None: all)
     if cfg.top_k and cfg.top_k < len(logits):
         kth = np.partition(logits, -cfg.top_k)[-cfg.top_k]
@@ -130,11 +130,6 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
 
 
 _BLOCK = 1024
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
 
 
 def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
