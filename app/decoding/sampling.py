@@ -58,7 +58,7 @@ def logits_to_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
 def _row_probs(logits: np.ndarray, cfg: SamplingConfig) -> np.ndarray:
     """One row (V,), every step's: the filters work on the few tokens they keep, not on whole rows, and the row is
     copied once (a fresh 1.2 MB array costs more in page faults than the arithmetic on it). On the default target's
-    rows a token then costs 0.4-1.8 ms with the draw, where whole-row masks made it 1.0-3.9 ms, up to 14% of a CPU's
+    rows a token then costs 0.4-0.9 ms with the draw, where whole-row masks made it 1.0-3.9 ms, up to 13% of a CPU's
     step (`bench/sampling`)."""
     kept = None  # the indices kept (None: all)
     if cfg.top_k and cfg.top_k < len(logits):
