@@ -32,13 +32,19 @@ def load_prompts(path: Path) -> list[tuple[str, str]]:
 
 
 def pick_prompts(paths: Iterable[Path], per_task: int, tasks: Iterable[str] | None = None) -> list[tuple[str, str]]:
-    """The first `per_task` prompts of each task across these files, in order; only `tasks` where given."""
+    """The first `per_task` prompts of each task across these files, in order; only `tasks` where given.
+
+    A task asked for that no file holds is an error (a typo would otherwise shrink the run unseen)."""
+    paths = list(paths)
     wanted = None if tasks is None else set(tasks)
-    picked, taken = [], Counter[str]()
+    picked, taken, held = [], Counter[str](), set()
     for task, text in (item for path in paths for item in load_prompts(path)):
+        held.add(task)
         if (wanted is None or task in wanted) and taken[task] < per_task:
             picked.append((task, text))
             taken[task] += 1
-    if not picked:
-        raise SpecchatError(f"no prompts of the tasks {sorted(wanted or ())} in {', '.join(map(str, paths))}")
+    missing = sorted((wanted or set()) - held)
+    if missing:
+        raise SpecchatError(f"no prompts of the tasks {missing} in {', '.join(map(str, paths))} "
+                            f"(its tasks: {', '.join(sorted(held))})")
     return picked
