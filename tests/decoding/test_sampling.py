@@ -109,6 +109,27 @@ def test_each_row_is_what_the_filters_define_on_the_whole_row():
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15, err_msg=str(cfg))
 
 
+def test_top_k_on_large_vocabularies_keeps_what_the_whole_row_keeps():
+    """Rows of 2k to 160k tokens, long enough for top-k's bound by the blocks' maxima: the same tokens and
+    probabilities as the whole-row definition, whether the largest logits are spread one to a block (the bound is
+    then exactly the k-th), packed into one block (sorted rows), tied, or next to forbidden tokens (-inf). A bound
+    one place too high, or candidates that miss a tie, fail here."""
+    rng = np.random.default_rng(11)
+    for case in range(60):
+        n = int(rng.integers(2_000, 160_000))
+        logits = rng.normal(0, 3, n)
+        if case % 4 == 1:
+            logits = np.sort(logits)
+        elif case % 4 == 2:
+            logits = np.round(logits, 0)  # thousands of ties at every value
+        elif case % 4 == 3:
+            logits[rng.random(n) < 0.9] = -np.inf
+        cfg = SamplingConfig(1.0, int(rng.choice([1, 2, 5, 40, 100])))
+        got, want = logits_to_probs(logits, cfg), _whole_row_probs(logits, cfg)
+        assert (np.flatnonzero(got) == np.flatnonzero(want)).all(), (case, cfg)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15)
+
+
 def test_sample_on_a_large_vocabulary_follows_the_distribution_and_never_draws_a_zero():
     """150k tokens, most of probability 0 and the rest spread over a few blocks of the block-wise draw, some at the
     ends of blocks: 40,000 draws follow p, and none is a token of probability 0."""
