@@ -138,7 +138,7 @@ def _top_k(logits: np.ndarray, k: int) -> np.ndarray:
     partitioned."""
     candidates = None
     blocks = len(logits) // _TOPK_BLOCK
-    if blocks >= 4 * k:
+    if blocks >= 4 * k:  # with fewer blocks the k-th maximum lies deep in the row and most of it is above it
         maxima = logits[:blocks * _TOPK_BLOCK].reshape(blocks, _TOPK_BLOCK).max(1)
         candidates = np.flatnonzero(logits >= np.partition(maxima, -k)[-k])
     among = logits if candidates is None else logits[candidates]
