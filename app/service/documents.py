@@ -224,7 +224,11 @@ class Review:
     each can be rejected (the original's words stay) or accepted again. `text` is the document with the
     accepted changes; `runs` is the diff as it now stands, for showing.
 
-    Changes a word or a space apart are one passage: a rewritten phrase is one decision, not five."""
+    Changes a word or a space apart are one passage: a rewritten phrase is one decision, not five.
+
+    A rewrite that stops before the document does (a small model ends its answer after the first paragraph
+    now and then) would drop the rest as its last change. That change starts rejected (`cut_short`), so that
+    accepting the rewrite as written never loses the end of the document."""
 
     def __init__(self, original: str, rewritten: str) -> None:
         # The rewrite ends in as many newlines as the original (a model's answer is stripped), none included,
@@ -239,16 +243,20 @@ class Review:
             last = parts.pop() if parts and isinstance(parts[-1], Change) else Change("", "")
             parts.append(replace(last, removed=last.removed + text) if kind == "removed" else
                          replace(last, added=last.added + text))
+        final = max((n for n, part in enumerate(parts) if isinstance(part, Change)), default=-1)
+        self.cut_short = final >= 0 and _drops_the_end(parts[final], parts[final + 1:])
         self._parts: list[str | Change] = []
-        for part in parts:
-            if isinstance(part, Change) and len(self._parts) >= 2 and isinstance(self._parts[-2], Change) \
-                    and len(_WORDS.findall(str(self._parts[-1]))) <= 2:
+        for n, part in enumerate(parts):  # the end cut short stays a change of its own
+            if isinstance(part, Change) and not (self.cut_short and n == final) and len(self._parts) >= 2 \
+                    and isinstance(self._parts[-2], Change) and len(_WORDS.findall(str(self._parts[-1]))) <= 2:
                 same, before = self._parts.pop(), self._parts.pop()
                 assert isinstance(before, Change) and isinstance(same, str)
                 part = Change(before.removed + same + part.removed, before.added + same + part.added)
             self._parts.append(part)
         self.changes = [p for p in self._parts if isinstance(p, Change)]
         self.accepted = [True] * len(self.changes)
+        if self.cut_short:
+            self.accepted[-1] = False
 
     def decide(self, index: int, accept: bool) -> None:
         self.accepted[index] = accept
@@ -289,6 +297,13 @@ class Review:
     def summary(self) -> str:
         taken = sum(self.accepted)
         return f"{taken} of {len(self.changes)} changes accepted, {len(self.changes) - taken} rejected"
+
+
+def _drops_the_end(last: Change, after: Sequence[str | Change]) -> bool:
+    """Whether a diff's last change, with `after` it, removes whole lines up to the document's end and puts
+    nothing there."""
+    return not "".join(map(str, after)).strip() and not last.added.strip() \
+        and re.search(r"\n\s*\S", last.removed) is not None
 
 
 def unchanged_since(path: Path, document: Document) -> bool:

@@ -188,8 +188,11 @@ class RewriteScreen(Screen[None]):
         totals, (speedup, busy) = panel.totals, panel.speedup()
         speed = f"{totals.tokens_per_s:.1f} tok/s" + (f", {speedup:.2f}x plain decoding" if speedup else "") + (
             " (uncertain: the machine was busy)" if busy else "")
+        # Where the rewrite stopped short of the document's end its last change starts rejected: the status says why.
+        taken = ("all accepted but the last: the rewrite stopped before the end of the document, so the rest is "
+                 "kept (Ctrl+Y on the last change drops it)" if self.review.cut_short else "all accepted")
         self._set_status(f"done: {totals.n_tokens} tokens, {speed} ({self.guesser}, {totals.tokens_per_step:.2f} tok/step). "
-                         f"{len(self.review.changes)} changes, all accepted: Ctrl+↓/↑ steps through them, Ctrl+Y/"
+                         f"{len(self.review.changes)} changes, {taken}: Ctrl+↓/↑ steps through them, Ctrl+Y/"
                          "Ctrl+N accepts/rejects one (Alt+Y/Alt+N all); Ctrl+S saves, Ctrl+W overwrites the original")
 
     def _show_review(self) -> None:

@@ -86,6 +86,31 @@ def test_a_review_starts_with_the_rewrite_and_gives_back_exactly_what_was_accept
     assert review.text == REWRITE + "\n"
 
 
+def test_a_rewrite_that_stops_before_the_document_ends_keeps_the_rest_until_the_user_drops_it():
+    """Seen with the default target on a two-paragraph file: "Fix grammar" answered the first paragraph and
+    ended. Accepting the rewrite as written must not delete the second."""
+    from specchat.service.documents import Change, Review
+
+    original = "Teh quick brown fox.\n\nThis sentance has a speling mistake.\n\nA third one.\n"
+    review = Review(original, "The quick brown fox.")
+    assert review.cut_short and review.accepted == [True, False]
+    assert review.changes[-1] == Change("\n\nThis sentance has a speling mistake.\n\nA third one.", "")
+    assert review.text == "The quick brown fox.\n\nThis sentance has a speling mistake.\n\nA third one.\n"
+    review.decide(1, True)  # the user's to drop
+    assert review.text == "The quick brown fox.\n"
+    # Stopped mid-paragraph, with the next one lost too: the same, and the fix just before stays its own change.
+    review = Review(original, "The quick brown fox.\n\nThis sentence has")
+    assert review.cut_short and review.accepted == [True, True, False]
+    assert review.text == "The quick brown fox.\n\nThis sentence has a speling mistake.\n\nA third one.\n"
+    # Not cut short: the whole document rewritten, a middle paragraph dropped, the last words dropped.
+    for rewrite in ("The quick brown fox.\n\nThis sentence has a spelling mistake.\n\nA third one.",
+                    "Teh quick brown fox.\n\nA third one.",
+                    "Teh quick brown fox.\n\nThis sentance has a speling mistake.\n\nA third"):
+        review = Review(original, rewrite)
+        assert not review.cut_short and all(review.accepted), rewrite
+    assert not Review(original, original).cut_short  # no change at all
+
+
 def test_the_review_knows_when_the_file_changed_on_disk(tmp_path: Path):
     from specchat.service.documents import open_document, unchanged_since
 

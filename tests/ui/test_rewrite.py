@@ -44,6 +44,20 @@ async def test_changes_accepted_and_rejected_one_by_one_are_saved_exactly(tmp_pa
     assert doc.read_text() == ORIGINAL
 
 
+async def test_a_rewrite_cut_short_is_said_and_accepting_it_as_written_keeps_the_rest(tmp_path):
+    doc = tmp_path / "notes.md"
+    doc.write_text(ORIGINAL)
+    app = make_app(tmp_path, FakeBackend(answer="The cat sat on the mat. It was happy."), rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        screen = await reviewed(pilot, app)
+        assert screen.review.accepted == [True, False]
+        assert "stopped before the end of the document" in str(screen.query_one("#rewrite-status").render())
+        assert screen.query_one("#result").text == "The cat sat on the mat. It was happy.\n\nThe dog barked loudly at night.\n"
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: (tmp_path / "notes.rewritten.md").exists(), "the save")
+    assert (tmp_path / "notes.rewritten.md").read_text() == ORIGINAL.replace("teh", "the")
+
+
 async def test_an_original_changed_on_disk_is_not_overwritten_and_the_review_still_saves_apart(tmp_path):
     doc = tmp_path / "notes.md"
     doc.write_text(ORIGINAL)
