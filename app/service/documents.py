@@ -227,36 +227,52 @@ class Review:
     Changes a word or a space apart are one passage: a rewritten phrase is one decision, not five.
 
     A rewrite that stops before the document does (a small model ends its answer after the first paragraph
-    now and then) would drop the rest as its last change. That change starts rejected (`cut_short`), so that
-    accepting the rewrite as written never loses the end of the document."""
+    now and then), or before a part of it does (`of_parts`), would drop the rest as a change. Such a change stays
+    apart from its neighbours and starts rejected (`cut_short` counts them), so that accepting the rewrite as
+    written never loses text."""
 
-    def __init__(self, original: str, rewritten: str) -> None:
+    def __init__(self, original: str, rewritten: str, segments: Sequence[tuple[str, str]] = ()) -> None:
+        """`segments`: the original and the rewrite in pieces diffed apart, which join to the two texts (by
+        default, one piece each)."""
         # The rewrite ends in as many newlines as the original (a model's answer is stripped), none included,
         # so that the file's end is no change to review.
         self.original = original
         self.rewritten = rewritten.rstrip("\n") + original[len(original.rstrip("\n")):]
         parts: list[str | Change] = []
-        for text, kind in word_diff(original, self.rewritten):
-            if kind == "same":
-                parts.append(text)
-                continue
-            last = parts.pop() if parts and isinstance(parts[-1], Change) else Change("", "")
-            parts.append(replace(last, removed=last.removed + text) if kind == "removed" else
-                         replace(last, added=last.added + text))
-        final = max((n for n, part in enumerate(parts) if isinstance(part, Change)), default=-1)
-        self.cut_short = final >= 0 and _drops_the_end(parts[final], parts[final + 1:])
-        self._parts: list[str | Change] = []
-        for n, part in enumerate(parts):  # the end cut short stays a change of its own
-            if isinstance(part, Change) and not (self.cut_short and n == final) and len(self._parts) >= 2 \
-                    and isinstance(self._parts[-2], Change) and len(_WORDS.findall(str(self._parts[-1]))) <= 2:
-                same, before = self._parts.pop(), self._parts.pop()
-                assert isinstance(before, Change) and isinstance(same, str)
-                part = Change(before.removed + same + part.removed, before.added + same + part.added)
-            self._parts.append(part)
-        self.changes = [p for p in self._parts if isinstance(p, Change)]
-        self.accepted = [True] * len(self.changes)
-        if self.cut_short:
-            self.accepted[-1] = False
+        cuts: set[int] = set()  # the changes (indices in parts) that leave out the rest of a piece
+        for before, after in segments or [(original, self.rewritten)]:
+            first = len(parts)
+            for text, kind in word_diff(before, after):
+                if kind == "same":
+                    parts.append(text)
+                    continue
+                last = parts.pop() if len(parts) > first and isinstance(parts[-1], Change) else Change("", "")
+                parts.append(replace(last, removed=last.removed + text) if kind == "removed" else
+                             replace(last, added=last.added + text))
+            cut = _cut_short(before, parts[first:])
+            if cut is not None:
+                cuts.add(first + cut)
+        merged: list[tuple[str | Change, bool]] = []  # each passage, and whether it leaves out the rest
+        for n, part in enumerate(parts):
+            if isinstance(part, Change) and n not in cuts and len(merged) >= 2 and isinstance(merged[-2][0], Change) \
+                    and not merged[-2][1] and len(_WORDS.findall(str(merged[-1][0]))) <= 2:
+                (same, _), (prior, _) = merged.pop(), merged.pop()
+                assert isinstance(prior, Change) and isinstance(same, str)
+                part = Change(prior.removed + same + part.removed, prior.added + same + part.added)
+            merged.append((part, n in cuts))
+        self._parts = [part for part, _ in merged]
+        self.changes = [part for part in self._parts if isinstance(part, Change)]
+        self.accepted = [not cut for part, cut in merged if isinstance(part, Change)]
+        self.cut_short = len(cuts)
+
+    @classmethod
+    def of_parts(cls, parts: Parts, answers: Sequence[str]) -> Review:
+        """A document rewritten part by part (`rewrite_requests`): each part diffed against its own answer, and
+        the text between the parts kept as it was."""
+        segments = [(parts.gaps[0], parts.gaps[0])]
+        for text, answer, gap in zip(parts.texts, answers, parts.gaps[1:], strict=True):
+            segments += [(text, answer), (gap, gap)]
+        return cls(parts.join(parts.texts), parts.join(answers), segments)
 
     def decide(self, index: int, accept: bool) -> None:
         self.accepted[index] = accept
@@ -299,11 +315,17 @@ class Review:
         return f"{taken} of {len(self.changes)} changes accepted, {len(self.changes) - taken} rejected"
 
 
-def _drops_the_end(last: Change, after: Sequence[str | Change]) -> bool:
-    """Whether a diff's last change, with `after` it, removes whole lines up to the document's end and puts
-    nothing there."""
-    return not "".join(map(str, after)).strip() and not last.added.strip() \
-        and re.search(r"\n\s*\S", last.removed) is not None
+def _cut_short(before: str, diff: Sequence[str | Change]) -> int | None:
+    """The index of a piece's last change where it removes whole lines up to the piece's end and puts nothing
+    there: where a rewrite stopped short (None: it did not)."""
+    changed = [n for n, part in enumerate(diff) if isinstance(part, Change)]
+    if not changed or "".join(str(part) for part in diff[changed[-1] + 1:]).strip():
+        return None
+    last = diff[changed[-1]]
+    assert isinstance(last, Change)
+    start = sum(len(part) if isinstance(part, str) else len(part.removed) for part in diff[:changed[-1]])
+    line_start = before[start - 1] if start else "\n"  # a removal from a line's start takes that line
+    return changed[-1] if not last.added.strip() and re.search(r"\n\s*\S", line_start + last.removed) else None
 
 
 def unchanged_since(path: Path, document: Document) -> bool:

@@ -131,9 +131,9 @@ class RewriteScreen(Screen[None]):
 
     class Progress(TMessage):
         """From the rewrite worker, in order with its generation batches (a call_from_thread could
-        overtake batches still queued): a status line, and at the end the whole result or None."""
+        overtake batches still queued): a status line, and at the end the review of the whole rewrite, or None."""
 
-        def __init__(self, status: str, result: str | None = None, finished: bool = False) -> None:
+        def __init__(self, status: str, result: Review | None = None, finished: bool = False) -> None:
             super().__init__()
             self.status, self.result, self.finished = status, result, finished
 
@@ -147,7 +147,7 @@ class RewriteScreen(Screen[None]):
                 self.post_message(self.Progress("stopped: nothing was saved" if done else "", finished=True))
                 return
             results.append(done.text.strip())
-        self.post_message(self.Progress("", parts.join(results), finished=True))  # spaced as the original was
+        self.post_message(self.Progress("", Review.of_parts(parts, results), finished=True))  # spaced as the original was
 
     def on_rewrite_screen_progress(self, message: Progress) -> None:
         if message.status:
@@ -180,17 +180,19 @@ class RewriteScreen(Screen[None]):
     def _set_status(self, text: str) -> None:
         self.query_one("#rewrite-status", Static).update(text)
 
-    def _finished(self, text: str) -> None:
-        self.review, self.current = Review(self.document.text, text), 0
+    def _finished(self, review: Review) -> None:
+        self.review, self.current = review, 0
         self.query_one("#diff-pane").display = True
         self._show_review()
         panel = self.query_one(StatsPanel)
         totals, (speedup, busy) = panel.totals, panel.speedup()
         speed = f"{totals.tokens_per_s:.1f} tok/s" + (f", {speedup:.2f}x plain decoding" if speedup else "") + (
             " (uncertain: the machine was busy)" if busy else "")
-        # Where the rewrite stopped short of the document's end its last change starts rejected: the status says why.
-        taken = ("all accepted but the last: the rewrite stopped before the end of the document, so the rest is "
-                 "kept (Ctrl+Y on the last change drops it)" if self.review.cut_short else "all accepted")
+        # Where the rewrite stopped short of the document's end (or a part's), the change that drops the rest starts
+        # rejected: the status says why.
+        cut = self.review.cut_short
+        taken = (f"all accepted but {'one' if cut == 1 else cut}: the rewrite stopped before the end of the document "
+                 f"or of a part, and what it left out is kept (Ctrl+Y on that change drops it)" if cut else "all accepted")
         self._set_status(f"done: {totals.n_tokens} tokens, {speed} ({self.guesser}, {totals.tokens_per_step:.2f} tok/step). "
                          f"{len(self.review.changes)} changes, {taken}: Ctrl+↓/↑ steps through them, Ctrl+Y/"
                          "Ctrl+N accepts/rejects one (Alt+Y/Alt+N all); Ctrl+S saves, Ctrl+W overwrites the original")

@@ -93,14 +93,14 @@ def test_a_rewrite_that_stops_before_the_document_ends_keeps_the_rest_until_the_
 
     original = "Teh quick brown fox.\n\nThis sentance has a speling mistake.\n\nA third one.\n"
     review = Review(original, "The quick brown fox.")
-    assert review.cut_short and review.accepted == [True, False]
+    assert review.cut_short == 1 and review.accepted == [True, False]
     assert review.changes[-1] == Change("\n\nThis sentance has a speling mistake.\n\nA third one.", "")
     assert review.text == "The quick brown fox.\n\nThis sentance has a speling mistake.\n\nA third one.\n"
     review.decide(1, True)  # the user's to drop
     assert review.text == "The quick brown fox.\n"
     # Stopped mid-paragraph, with the next one lost too: the same, and the fix just before stays its own change.
     review = Review(original, "The quick brown fox.\n\nThis sentence has")
-    assert review.cut_short and review.accepted == [True, True, False]
+    assert review.cut_short == 1 and review.accepted == [True, True, False]
     assert review.text == "The quick brown fox.\n\nThis sentence has a speling mistake.\n\nA third one.\n"
     # Not cut short: the whole document rewritten, a middle paragraph dropped, the last words dropped.
     for rewrite in ("The quick brown fox.\n\nThis sentence has a spelling mistake.\n\nA third one.",
@@ -109,6 +109,26 @@ def test_a_rewrite_that_stops_before_the_document_ends_keeps_the_rest_until_the_
         review = Review(original, rewrite)
         assert not review.cut_short and all(review.accepted), rewrite
     assert not Review(original, original).cut_short  # no change at all
+
+
+def test_a_part_whose_rewrite_stops_short_keeps_its_rest_and_no_other_change_is_held_back():
+    """A document rewritten in parts, each part diffed against its own answer: the first part's answer left out
+    its last paragraph. That removal starts rejected, apart from the next part's first fix."""
+    from specchat.service.documents import Change, Parts, Review
+
+    first, second = "A one. A two.\n\nA three.", "Bee one.\n\nB two."
+    original = f"{first}\n\n{second}\n"
+    parts = Parts.cut(original, [(0, len(first)), (len(first) + 2, len(first) + 2 + len(second))])
+    answers = ["A one. A two.", "B one.\n\nB two."]
+    review = Review.of_parts(parts, answers)
+    assert review.cut_short == 1
+    assert review.changes == [Change("\n\nA three.", ""), Change("Bee", "B")]
+    assert review.accepted == [False, True]
+    assert review.text == "A one. A two.\n\nA three.\n\nB one.\n\nB two.\n"
+    review.decide_all(True)
+    assert review.text == parts.join(answers)
+    # Diffed whole, the removal and the next part's fix run together: one change, neither left out nor kept.
+    assert Review(original, parts.join(answers)).cut_short == 0
 
 
 def test_the_review_knows_when_the_file_changed_on_disk(tmp_path: Path):

@@ -58,3 +58,36 @@ async def test_a_rewrite_in_parts_that_changes_nothing_saves_the_original_byte_f
     parts = parts_sent(backend)
     assert all(part == part.strip() for part in parts)  # the gaps stay behind: the model is sent none
     assert (tmp_path / "notes.rewritten.md").read_bytes() == original
+
+
+class StopsShort(Echo):
+    """Answers the first part with its first sentence alone, as a model that ends its answer early, and the
+    others with themselves."""
+
+    asked = 0
+
+    def chat(self, messages, config, guesser, cancel, think=None) -> Iterator:
+        stream = super().chat(messages, config, guesser, cancel, think)
+        self.asked += 1
+        if self.asked == 1:
+            self.answer = self.answer.split(". ", 1)[0] + "."
+        return stream
+
+
+async def test_a_part_whose_answer_stops_short_keeps_its_rest_when_the_rewrite_is_saved_as_written(tmp_path):
+    original = DOCUMENTS["a blank line"]
+    doc = tmp_path / "notes.md"
+    doc.write_bytes(original)
+    backend = StopsShort()
+    app = make_app(tmp_path, backend, rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
+        screen = app.screen
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: screen.review is not None and not screen.running, "the rewrite")
+        assert len(backend.calls) >= 2 and screen.review.accepted == [False]
+        assert screen.review.changes[0].removed.endswith("dawn, 5.")  # the first part's rest, not the document's
+        assert "stopped before the end of the document or of a part" in str(screen.query_one("#rewrite-status").render())
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: (tmp_path / "notes.rewritten.md").exists(), "the save")
+    assert (tmp_path / "notes.rewritten.md").read_bytes() == original
