@@ -9,6 +9,7 @@ from fakes import FakeBackend
 
 from specchat.store.conversations import Store
 from specchat.ui.app import SpecchatApp
+from specchat.ui.rewrite import RewriteScreen
 
 
 async def until(pilot, condition, what: str, timeout: float = 15.0) -> None:
@@ -55,3 +56,12 @@ async def regenerated(pilot, app: SpecchatApp, backend: FakeBackend) -> None:
     backend.answer = "A second story."
     await pilot.press("ctrl+r")
     await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the regenerated answer")
+
+
+async def reviewed(pilot, app: SpecchatApp) -> RewriteScreen:
+    """The rewrite screen, once Ctrl+R's rewrite is done and its review ready."""
+    await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
+    screen = app.screen
+    await pilot.press("ctrl+r")
+    await until(pilot, lambda: screen.review is not None and not screen.running, "the rewrite")
+    return screen

@@ -8,20 +8,12 @@ import stat
 
 import pytest
 from fakes import FakeBackend
-from pilot import make_app, until
+from pilot import make_app, reviewed, until
 
 from specchat.ui.rewrite import RewriteScreen
 
 ORIGINAL = "The cat sat on teh mat. It was happy.\n\nThe dog barked loudly at night.\n"
 REWRITE = "The cat sat on the mat. It was very happy indeed.\n\nThe dog barked at night."
-
-
-async def reviewed(pilot, app) -> RewriteScreen:
-    await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
-    screen = app.screen
-    await pilot.press("ctrl+r")
-    await until(pilot, lambda: screen.review is not None and not screen.running, "the rewrite")
-    return screen
 
 
 async def test_changes_accepted_and_rejected_one_by_one_are_saved_exactly(tmp_path):

@@ -8,9 +8,7 @@ from typing import Iterator, Sequence
 
 import pytest
 from fakes import FakeBackend
-from pilot import make_app, until
-
-from specchat.ui.rewrite import RewriteScreen
+from pilot import make_app, reviewed, until
 
 SENTENCE = "The quick brown fox jumps over the lazy dog by the quiet river at dawn, {}."
 SENTENCES = [SENTENCE.format(n) for n in range(12)]  # 16 words each: 192 in all, more than one part's 128
@@ -48,10 +46,7 @@ async def test_a_rewrite_in_parts_that_changes_nothing_saves_the_original_byte_f
     backend = Echo()
     app = make_app(tmp_path, backend, rewrite_file=doc)
     async with app.run_test(size=(140, 40)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
-        screen = app.screen
-        await pilot.press("ctrl+r")
-        await until(pilot, lambda: screen.review is not None and not screen.running, "the rewrite")
+        screen = await reviewed(pilot, app)
         assert len(backend.calls) >= 2 and screen.review.changes == []
         await pilot.press("ctrl+s")
         await until(pilot, lambda: (tmp_path / "notes.rewritten.md").exists(), "the save")
@@ -81,10 +76,7 @@ async def test_a_part_whose_answer_stops_short_keeps_its_rest_when_the_rewrite_i
     backend = StopsShort()
     app = make_app(tmp_path, backend, rewrite_file=doc)
     async with app.run_test(size=(140, 40)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
-        screen = app.screen
-        await pilot.press("ctrl+r")
-        await until(pilot, lambda: screen.review is not None and not screen.running, "the rewrite")
+        screen = await reviewed(pilot, app)
         assert len(backend.calls) >= 2 and screen.review.accepted == [False]
         assert screen.review.changes[0].removed.endswith("dawn, 5.")  # the first part's rest, not the document's
         assert "stopped before the end of the document or of a part" in str(screen.query_one("#rewrite-status").render())
