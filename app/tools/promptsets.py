@@ -46,5 +46,5 @@ def pick_prompts(paths: Iterable[Path], per_task: int, tasks: Iterable[str] | No
     missing = sorted((wanted or set()) - held)
     if missing:
         raise SpecchatError(f"no prompts of the tasks {missing} in {', '.join(map(str, paths))} "
-                            f"(its tasks: {', '.join(sorted(held))})")
+                            f"(the tasks there: {', '.join(sorted(held))})")
     return picked
