@@ -25,7 +25,7 @@ def test_the_first_prompts_of_each_task_across_files_in_order(tmp_path: Path) ->
 
 def test_a_task_no_file_holds_is_named(tmp_path: Path) -> None:
     a = write(tmp_path / "a.jsonl", [("open", "o1")])
-    with pytest.raises(SpecchatError, match=r"no prompts of the tasks \['edit'\] in .*a.jsonl \(its tasks: open\)"):
+    with pytest.raises(SpecchatError, match=r"no prompts of the tasks \['edit'\] in .*a.jsonl \(the tasks there: open\)"):
         pick_prompts([a], 2, ["edit"])
     # One misspelt task among good ones stops the run too, instead of leaving that task out unseen.
     with pytest.raises(SpecchatError, match=r"\['edti'\]"):
