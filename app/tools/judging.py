@@ -5,12 +5,12 @@ as it guessed when the answer was recorded, against plain decoding and the oracl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from specchat.decoding.guessers import AutoGuesser, BaseGuesser, LookupGuesser, Proposal
-from specchat.decoding.policy import PRIORS, CostCurve, Priors
+from specchat.decoding.policy import PLACE_SHIFTS, PRIORS, CostCurve, PlaceShift, Priors
 from specchat.decoding.sampling import SamplingConfig
 from specchat.llama.session import reusable
 from specchat.tools.recorded import Answer
@@ -51,13 +51,15 @@ class RecordedDraft(BaseGuesser):
 
 
 def auto_for(answer: Answer, curve: CostCurve, priors: Priors | None = None,
-             piece: Callable[[int], bytes] | None = None) -> AutoGuesser:
+             piece: Callable[[int], bytes] | None = None,
+             places: Mapping[bool, PlaceShift | None] = PLACE_SHIFTS) -> AutoGuesser:
     """Auto as a fresh conversation builds it, with the recorded draft where there is one (greedy only: a
     sampled draft's fate depends on both distributions, which are not recorded), on these priors (None:
-    the defaults), and with the target's token bytes where the caller has its model (`piece`), as the live
-    registry passes them."""
+    the defaults), with the target's token bytes where the caller has its model (`piece`), as the live
+    registry passes them, and with these shifts by a copy's place (`places`: auto's own by default)."""
     drafters = {"draft": RecordedDraft(answer, curve)} if answer.draft_guess and answer.temperature == 0 else {}
-    return AutoGuesser(curve, drafters, piece=piece, priors=PRIORS if priors is None else {True: priors, False: priors})
+    return AutoGuesser(curve, drafters, piece=piece, priors=PRIORS if priors is None else {True: priors, False: priors},
+                       places=places)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from specchat.decoding.guessers import AutoGuesser
-from specchat.decoding.guessers.sources import Copy
+from specchat.decoding.guessers.sources import Copy, Passage
 from specchat.decoding.policy import (
     LOSS_BUDGET,
+    PLACE_SHIFTS,
     START_STEPS,
     Acceptance,
     CostCurve,
@@ -271,6 +272,43 @@ def test_auto_resumes_after_the_text_a_fixed_typo_replaced():
     resumed = auto.propose(answer + [12, 17], 8, greedy, rng)
     # " available" stands for " avail" "ble": copying resumes at " for", not at "ble".
     assert resumed.guesser == "lookup" and resumed.tokens[:2] == [15, 16]
+
+
+def _two_places(then: int) -> list[int]:
+    """Two earlier places that match the end as long (7 8 9, after different tokens), the latest going on with
+    `then`, the other with 30."""
+    return [100, 7, 8, 9, 30, 31, 32, 33, 34, 35, 36, 37, 60, 61, 101, 7, 8, 9, then, 41, 42, 43, 44, 45, 46, 47, 62, 63,
+            102, 7, 8, 9]
+
+
+def test_a_copy_whose_earlier_places_disagree_is_sent_shorter_in_a_greedy_answer():
+    """Where the other places that match as long go on differently, the copy is one guess among several: auto
+    trusts it less (policy.PLACE_SHIFTS), in greedy answers; sampled ones are not shifted."""
+    sent = {}
+    for then in (30, 40):
+        for sampling in (SamplingConfig(), SamplingConfig(0.7, seed=1)):
+            auto, context = AutoGuesser(LAPTOP), _two_places(then)
+            auto.prepare(context)
+            sent[then, sampling.greedy] = len(auto.propose(context, 16, sampling, np.random.default_rng(0)).tokens)
+    assert sent[30, True] > sent[40, True] >= 1, sent
+    assert sent[30, False] == sent[40, False] == sent[30, True], sent
+
+
+def test_a_copys_place_is_read_off_the_matches_and_the_prompts_end():
+    context = _two_places(40)
+    passage = Passage()
+    passage.restart(prompt_end=18)  # the answer began where the second place goes on: a copy from the answer
+    copy = passage.find(context)
+    assert copy is not None and copy.start == 18 and copy.m == 3
+    assert passage.place(context, copy) == (0.5, False, len(context) - 18)
+    passage.restart(prompt_end=len(context))
+    assert passage.place(context, passage.find(context)) == (0.5, True, len(context) - 18)
+    assert passage.place(_two_places(30), passage.find(_two_places(30)))[0] == 1.0
+    # At the fit fold's means the shift is nothing; agreeing places raise a copy's estimate, disagreeing ones lower it.
+    shift = PLACE_SHIFTS[True]
+    assert shift is not None and PLACE_SHIFTS[False] is None
+    assert shift.shift(*shift.means[:2], round(np.exp(shift.means[2]))) == pytest.approx(0.0, abs=0.01)
+    assert shift.shift(1.0, True, 14) > 0 > shift.shift(0.5, True, 14)
 
 
 def test_auto_verifies_two_continuations_as_a_tree_only_where_the_curve_makes_it_pay():

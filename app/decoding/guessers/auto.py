@@ -20,12 +20,14 @@ from specchat.decoding.guessers.sources import (
     copies,
 )
 from specchat.decoding.policy import (
+    PLACE_SHIFTS,
     PRIORS,
     Acceptance,
     Clock,
     CostCurve,
     LossAccount,
     MatchAcceptance,
+    PlaceShift,
     Priors,
     best_drafter,
     best_length,
@@ -34,6 +36,7 @@ from specchat.decoding.policy import (
     keep_drafting,
     rate_bound,
     settle_step,
+    shifted,
     step_allowance,
     tree_beats,
 )
@@ -80,8 +83,9 @@ class AutoGuesser(BaseGuesser):
 
     def __init__(self, curve: CostCurve, drafters: Mapping[str, Drafter] | None = None, *, max_match: int = 32,
                  window: int = 8, piece: Callable[[int], bytes] | None = None, history: HistoryIndex | None = None,
-                 tree_branches: int = 1, priors: Mapping[bool, Priors] = PRIORS) -> None:
-        self.curve, self.priors = curve, priors
+                 tree_branches: int = 1, priors: Mapping[bool, Priors] = PRIORS,
+                 places: Mapping[bool, PlaceShift | None] = PLACE_SHIFTS) -> None:
+        self.curve, self.priors, self.places = curve, priors, places
         self.passage = Passage(max_match, window, piece)  # where in the context the answer copies from
         # Continuations verified together as a tree, at most this many (1: never; the cache decides).
         self.tree_branches = tree_branches
@@ -129,7 +133,7 @@ class AutoGuesser(BaseGuesser):
                 constrain(allowed)
 
     def prepare(self, context: Sequence[int]) -> None:
-        self.passage.restart()
+        self.passage.restart(len(context))
         self._tree = None  # a tree that ended the last one: which branch held is not in this context
         self._unsent = Unsent()
         self.account.start()
@@ -142,9 +146,13 @@ class AutoGuesser(BaseGuesser):
             if could_pay(alpha, self.default_draft_length, self.curve, self.curve.token_s(name)):
                 drafter.prepare(context)
 
-    def _offer(self, found: Found, allow: float) -> Offer:
+    def _offer(self, context: Sequence[int], found: Found, allow: float) -> Offer:
         """The copy cut to its best length (no tokens: none pays), and the rate it would make."""
-        alphas = self._acceptance(found.copy).alphas(found.copy.m, len(found.tokens))
+        copy = found.copy
+        alphas = self._acceptance(copy).alphas(copy.m, len(found.tokens))
+        place = self.places[self._sampling.greedy]
+        if place is not None and copy.kind in ("far", "near"):  # a substitute's place is a guess of auto's own
+            alphas = shifted(alphas, place.shift(*self.passage.place(context, copy)))
         plain = 1.0 / float(self.curve.verify(1))
         if rate_bound(alphas, self.curve, 0.0) <= plain:  # no length beats a plain step: best_length would say so
             return Offer(found.copy, found.tokens[:0], alphas[:0], plain)
@@ -160,7 +168,7 @@ class AutoGuesser(BaseGuesser):
         allow = step_allowance(self.account, self.curve, self.clock.ratio if self._timed else 1.0)
         # Every copy found (those not sent are judged next step), and those worth sending on their own.
         found = [copy for copy in copies(context, k, self.passage, self.history) if copy.tokens]
-        offers = [offer for offer in (self._offer(copy, allow) for copy in found) if offer.tokens]
+        offers = [offer for offer in (self._offer(context, copy, allow) for copy in found) if offer.tokens]
         best, choice = 1.0 / float(self.curve.verify(1)), Proposal.empty()  # a plain step
         for offer in offers:
             if offer.rate > best:
@@ -186,7 +194,7 @@ class AutoGuesser(BaseGuesser):
         Besides the copies found, the longest earlier match that continues differently from them."""
         other = self.passage.other(context, {offer.tokens[0] for offer in offers})
         if other is not None:
-            offer = self._offer(Found(other, copied(context, other, k)), allow)
+            offer = self._offer(context, Found(other, copied(context, other, k)), allow)
             offers = [*offers, offer] if offer.tokens else offers
         sent = branches(offers, self.tree_branches)
         rate = tree_beats([offer.alphas for offer in sent], self.curve, allow, best)

@@ -58,10 +58,12 @@ class Passage:
         self.cursor: int | None = None  # where in the context the answer was last copying from
         self.replaced: int | None = None  # the copied token that the target just replaced, if any
         self.matches: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self.prompt_end = 0  # where the answer began: copies before it are from the prompt
 
-    def restart(self) -> None:
-        """A new generation: nothing is being copied yet."""
+    def restart(self, prompt_end: int = 0) -> None:
+        """A new generation, after a prompt this long: nothing is being copied yet."""
         self.cursor = self.replaced = None
+        self.prompt_end = prompt_end
 
     def find(self, context: Sequence[int]) -> Copy | None:
         ends, lengths = self.matches = matches(context, self.max_match)
@@ -81,6 +83,16 @@ class Passage:
                 source = Copy("lookup", resume, "substitute", 1)
         self.replaced = None
         return source
+
+    def place(self, context: Sequence[int], copy: Copy) -> tuple[float, bool, int]:
+        """What a copy found by the last `find` says by its place (policy.PlaceShift): the share of the earlier
+        places that match as long as it does and go on with its token, whether it copies from the prompt, and
+        how far back it is."""
+        ends, lengths = self.matches
+        alike = ends[lengths == copy.m]
+        token = int(context[copy.start])
+        agree = sum(int(context[end]) == token for end in alike) / len(alike) if len(alike) else 1.0
+        return agree, copy.start < self.prompt_end, len(context) - copy.start
 
     def _resume_after(self, context: Sequence[int], replaced: int) -> int:
         """Where copying resumes after the target wrote context[-1] instead of context[replaced]:
