@@ -24,6 +24,9 @@ from specchat.llama.session import Memory
 
 MAX_POSITIONS = 32
 REPEATS = 5  # tries per point; the lowest is kept
+# From this many positions on, a try takes several plain steps' time and varies less from try to try: fewer tries
+# do. Fewer tries can only keep a higher lowest, a dearer curve, never a cheaper one than the machine's.
+FEWER_FROM, FEWER = 5, 3
 # A measurement is not trusted when other programs took more than this many cores that llama.cpp's
 # threads needed, when its tries differ by more than this from one another, or when one position
 # differs by more than this from a plain step timed on its own.
@@ -31,9 +34,9 @@ MAX_CONTENTION = 0.25
 MAX_SPREAD = 1.25
 MAX_MISMATCH = 0.3
 # Every n up to 17 is timed: CPU kernels batch rows in fours and eights, so the curve is not smooth
-# there (on the 2-core test machine 16 positions cost 150 ms and 15 cost 200). The rest is
-# interpolated.
-_MEASURED = (*range(1, 18), 20, 24, 28, 32)
+# there (on the 2-core test machine 16 positions cost 150 ms and 15 cost 200). Beyond, CPU curves
+# run straight (bench/curves.json): 24 and 32 are timed and the rest interpolated.
+_MEASURED = (*range(1, 18), 24, 32)
 _CONTEXT = 128  # timings are taken at this position, a typical early-answer depth
 
 
@@ -128,8 +131,8 @@ def _time_mtp(head: MtpHead, repeats: int = 5) -> float:
 def measure_curve(target: Model, draft: Model | None, mtp: MtpHead | None = None,
                   repeats: int = REPEATS) -> Calibration:
     """Time verifying n = 1..32 positions on the target, one draft token, one token of the target's
-    MTP layers and, where the cache cannot drop positions, a rollback, then check the result (about
-    20 s on a 2-core CPU for a 1.5B target; a GPU takes a fraction of that)."""
+    MTP layers and, where the cache cannot drop positions, a rollback, then check the result (20-22 s
+    on a 2-core EPYC for the 1.5B target and its draft; a GPU takes a fraction of that)."""
     sessions = [m.session for m in (target, draft) if m is not None]
     FITTER.reset()  # measured with every thread it may use; a busy machine fails the checks instead
     for s in sessions:
@@ -137,7 +140,7 @@ def measure_curve(target: Model, draft: Model | None, mtp: MtpHead | None = None
         s.decode([1] * _CONTEXT, "none")
     with OtherLoad(target.n_threads) as load:
         _times(target, 16, 2)  # warm up: the first batches after a prefill run slow
-        tries = {n: _times(target, n, repeats) for n in _MEASURED}
+        tries = {n: _times(target, n, repeats if n < FEWER_FROM else min(repeats, FEWER)) for n in _MEASURED}
         plain = _plain_step(target, repeats)
         draft_s = _time_decode(draft, 1) if draft is not None else 0.0
         mtp_s = _time_mtp(mtp) if mtp is not None else 0.0
