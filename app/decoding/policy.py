@@ -293,7 +293,7 @@ def shifted(alphas: np.ndarray, shift: float) -> np.ndarray:
 
 # By greedy. Sampled answers are not shifted: replayed on the held-out fold, the shift fitted for them gained nothing
 # on any curve and cost the worst answer on Apple's (0.98x to 0.96x); on greedy ones it took edits on this kind of
-# CPU from 1.52x to 1.65x and cost no curve its worst answer (bench/results/signals.txt).
+# CPU from 1.52x to 1.63x and cost no curve its worst answer (bench/results/signals.txt).
 PLACE_SHIFTS: dict[bool, PlaceShift | None] = {True: PlaceShift((1.872, 0.301, 0.145), (0.848, 0.695, 4.087)),
                                                 False: None}
 
