@@ -72,10 +72,20 @@ def matches(context: Sequence[int], cap: int) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.ones(len(ends), dtype=np.int64)
     alive = np.ones(len(ends), dtype=bool)
     for t in range(1, cap):
+        if np.count_nonzero(alive) <= _FEW:
+            # A few places left, often the passage being copied, which matches all cap tokens: walked back one
+            # by one, where a numpy pass per token would cost a microsecond or more each (auto asks every step).
+            for i in np.flatnonzero(alive):
+                end, k = int(ends[i]), t
+                while k < cap and end - 1 - k >= 0 and context[end - 1 - k] == context[n - 1 - k]:
+                    k += 1
+                lengths[i] += k - t
+            break
         before = ends - 1 - t
         alive &= before >= 0
         alive[alive] = seq[before[alive]] == seq[n - 1 - t]
-        if not alive.any():
-            break
         lengths += alive
     return ends, lengths
+
+
+_FEW = 4  # places still matching, below which `matches` walks them back in Python
