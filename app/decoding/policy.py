@@ -285,10 +285,20 @@ class PlaceShift:
         return sum(w * (v - m) for w, v, m in zip(self.weights, values, self.means))
 
 
+def log_odds(p: np.ndarray | float) -> np.ndarray:
+    """A probability's log-odds, kept finite (clipped to 0.001..0.999)."""
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-3, 1 - 1e-3)
+    return np.log(p / (1 - p))
+
+
+def from_log_odds(z: np.ndarray) -> np.ndarray:
+    """The probability of these log-odds (the inverse of log_odds, unclipped)."""
+    return 1 / (1 + np.exp(-z))
+
+
 def shifted(alphas: np.ndarray, shift: float) -> np.ndarray:
     """Acceptances moved by `shift` in log-odds."""
-    p = np.clip(alphas, 1e-3, 1 - 1e-3)
-    return 1 / (1 + np.exp(-(np.log(p / (1 - p)) + shift)))
+    return from_log_odds(log_odds(alphas) + shift)
 
 
 # By greedy. Sampled answers are not shifted: replayed on the held-out fold, the shift fitted for them gained nothing

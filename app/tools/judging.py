@@ -87,14 +87,15 @@ class Judged:
         return (self.auto - 1) / gain if gain > 1e-9 else None
 
 
-def judge(answers: Iterable[Answer], curve: CostCurve, priors: Priors | None = None, bound: bool = True) -> Judged:
-    """Each answer replayed as a fresh conversation under auto on these priors, against plain decoding and
-    (where `bound`) the oracle."""
+def judge(answers: Iterable[Answer], curve: CostCurve, priors: Priors | None = None, bound: bool = True,
+          places: Mapping[bool, PlaceShift | None] = PLACE_SHIFTS) -> Judged:
+    """Each answer replayed as a fresh conversation under auto on these priors and shifts by a copy's place,
+    against plain decoding and (where `bound`) the oracle."""
     plain_s = auto_s = oracle_s = 0.0
     worst, n = float("inf"), 0
     for a in answers:
         plain = float(curve.verify(1)) * len(a.answer)
-        auto, _ = replay(a, curve, auto_for(a, curve, priors))
+        auto, _ = replay(a, curve, auto_for(a, curve, priors, places=places))
         plain_s, auto_s, oracle_s = plain_s + plain, auto_s + auto, oracle_s + (oracle(a, curve) if bound else 0.0)
         worst, n = min(worst, plain / auto), n + 1
     return Judged(plain_s, auto_s, oracle_s, worst if n else 1.0, n)

@@ -15,7 +15,7 @@ import numpy as np
 
 from specchat.decoding.guessers import BaseGuesser, Proposal
 from specchat.decoding.guessers.copying import lookup_match, matches
-from specchat.decoding.policy import MATCH_BUCKETS, CostCurve, best_length, match_bucket
+from specchat.decoding.policy import MATCH_BUCKETS, CostCurve, best_length, from_log_odds, log_odds, match_bucket
 from specchat.decoding.sampling import SamplingConfig
 from specchat.tools.recorded import Answer
 from specchat.tools.replay import lookup_copy, oracle
@@ -34,16 +34,6 @@ SIGNALS = {
 }
 
 
-def _logit(p: np.ndarray | float) -> np.ndarray:
-    p = np.clip(np.asarray(p, dtype=np.float64), 1e-3, 1 - 1e-3)
-    return np.log(p / (1 - p))
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    """The logistic model's probability from its log-odds (the inverse of _logit, unclipped)."""
-    return 1 / (1 + np.exp(-z))
-
-
 @functools.lru_cache(maxsize=512)
 def position_signals(answer: Answer, cap: int = 32) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """Per answer position: each of SIGNALS as known there, the match-length bucket of the copy prompt lookup
@@ -59,8 +49,8 @@ def position_signals(answer: Answer, cap: int = 32) -> tuple[dict[str, np.ndarra
     for at in range(n):
         i = start + at
         if at:
-            rows["confidence"][at] = _logit(conf[at - 1])
-            rows["recent"][at] = _logit(conf[max(0, at - 4):at].mean())
+            rows["confidence"][at] = log_odds(conf[at - 1])
+            rows["recent"][at] = log_odds(conf[max(0, at - 4):at].mean())
             rows["copied"][at] = hits / at
         rows["run"][at] = np.log1p(run)
         ends, lengths = matches(seq[:i], cap)
@@ -111,7 +101,7 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, iterations: int 
     stays finite."""
     w = np.zeros(x.shape[1])
     for _ in range(iterations):
-        p = _sigmoid(x @ w)
+        p = from_log_odds(x @ w)
         grad = x.T @ (p - y) + l2 * w
         hess = (x * (p * (1 - p))[:, None]).T @ x + l2 * np.eye(len(w))
         step = np.linalg.solve(hess, grad)
@@ -123,7 +113,7 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, iterations: int 
 
 def log_loss(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
     """Mean bits per event of the model's predictions."""
-    p = np.clip(_sigmoid(x @ w), 1e-9, 1 - 1e-9)
+    p = np.clip(from_log_odds(x @ w), 1e-9, 1 - 1e-9)
     return float(-np.mean(y * np.log2(p) + (1 - y) * np.log2(1 - p)))
 
 
@@ -164,7 +154,7 @@ class Predicted(BaseGuesser):
             x[j, match_bucket(m + j)] = 1.0
             for c, s in enumerate(signals, len(MATCH_BUCKETS) + 1):
                 x[j, c] = float(at + j < len(drafted) and drafted[at + j] == token) if s == "draft" else self.rows[s][at]
-        return _sigmoid(x @ weights)
+        return from_log_odds(x @ weights)
 
 
 class Checked(Predicted):
