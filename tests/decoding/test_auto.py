@@ -311,6 +311,61 @@ def test_a_copys_place_is_read_off_the_matches_and_the_prompts_end():
     assert shift.shift(1.0, True, 14) > 0 > shift.shift(0.5, True, 14)
 
 
+def test_a_token_the_answer_wrote_as_another_is_copied_so_until_it_keeps_the_passages_own():
+    """A rename seen once is written by later copies; a swap the answer does not make there is dropped."""
+    prompt = [10, 11, 12, 40, 13, 14, 15, 16, 40, 17, 18, 99]  # 40: an identifier the answer renames to 41
+    passage = Passage()
+    passage.restart(prompt_end=len(prompt))
+    context = prompt + [10, 11]
+    copy = passage.find(context)
+    assert passage.guesses(context, copy, 3) == [12, 40, 13]
+    passage.landed(copy.start, 3, 1)  # 12 held; the target wrote 41 for 40
+    context += [12, 41]
+    copy = passage.find(context)
+    assert passage.swaps == {}  # one token for one only once the answer goes on with the passage's next
+    passage.landed(copy.start, 2, 2)
+    context += [13, 14, 15]
+    copy = passage.find(context)
+    assert passage.swaps == {40: 41}
+    assert passage.guesses(context, copy, 4) == [16, 41, 17, 18]
+    passage.landed(copy.start, 4, 1)  # 16 held; here the target kept 40
+    context += [16, 40]
+    passage.find(context)
+    assert passage.swaps == {}
+    # Where the answer does not go on with the passage's next token, what it wrote is no swap (an insertion).
+    passage.restart(prompt_end=len(prompt))
+    context = prompt + [10, 11]
+    passage.landed(passage.find(context).start, 3, 1)
+    context += [12, 41]
+    passage.find(context)
+    passage.find(context + [77])
+    assert passage.swaps == {}
+
+
+def test_a_renamed_identifier_ends_one_copy_not_every_one():
+    """Replayed: a passage that uses one identifier six times, copied with it renamed. Once the answer has
+    renamed it, copies through its later uses guess the new name and hold."""
+    rng = np.random.default_rng(5)
+    passage = rng.integers(100, 900, 120).tolist()
+    for at in (10, 30, 50, 70, 90, 110):
+        passage[at] = 40
+    renamed = [41 if t == 40 else t for t in passage]
+    answer = Answer("edit", "held-out", 0.0, tuple([1, *passage, 2]), tuple(renamed))
+    auto = auto_for(answer, LAPTOP)
+    at, missed, observe = 0, [], auto.observe  # where in the answer each step begins; where a copy missed 41
+
+    def counting(drafted: int, accepted: int, span_s: float | None = None) -> None:
+        nonlocal at
+        if accepted < drafted and renamed[at + accepted] == 41:
+            missed.append(at + accepted)
+        at += accepted + 1
+        observe(drafted, accepted, span_s)
+
+    auto.observe = counting  # type: ignore[method-assign]
+    replay(answer, LAPTOP, auto)
+    assert len(missed) == 1, missed
+
+
 def test_auto_verifies_two_continuations_as_a_tree_only_where_the_curve_makes_it_pay():
     # "1 2" was followed once by 3 4 5 and once by 7 8 9: two places to copy from that disagree.
     context = [1, 2, 3, 4, 5, 0, 1, 2, 7, 8, 9, 0, 6, 1, 2]

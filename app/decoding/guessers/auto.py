@@ -16,7 +16,6 @@ from specchat.decoding.guessers.sources import (
     Unsent,
     as_tree,
     branches,
-    copied,
     copies,
 )
 from specchat.decoding.policy import (
@@ -194,7 +193,7 @@ class AutoGuesser(BaseGuesser):
         Besides the copies found, the longest earlier match that continues differently from them."""
         other = self.passage.other(context, {offer.tokens[0] for offer in offers})
         if other is not None:
-            offer = self._offer(context, Found(other, copied(context, other, k)), allow)
+            offer = self._offer(context, Found(other, self.passage.guesses(context, other, k)), allow)
             offers = [*offers, offer] if offer.tokens else offers
         sent = branches(offers, self.tree_branches)
         rate = tree_beats([offer.alphas for offer in sent], self.curve, allow, best)

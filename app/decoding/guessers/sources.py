@@ -59,13 +59,40 @@ class Passage:
         self.replaced: int | None = None  # the copied token that the target just replaced, if any
         self.matches: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         self.prompt_end = 0  # where the answer began: copies before it are from the prompt
+        # Tokens of the passage that this answer writes as another, one for one (a renamed identifier, a
+        # respelling), and the last replacement not yet judged: (passage position, answer position).
+        self.swaps: dict[int, int] = {}
+        self._replacement: tuple[int, int] | None = None
 
     def restart(self, prompt_end: int = 0) -> None:
         """A new generation, after a prompt this long: nothing is being copied yet."""
-        self.cursor = self.replaced = None
+        self.cursor = self.replaced = self._replacement = None
         self.prompt_end = prompt_end
+        self.swaps = {}
+
+    def guesses(self, context: Sequence[int], copy: Copy, k: int) -> list[int]:
+        """What a copy would guess: the k tokens from its start, each as this answer has written it so far."""
+        tokens = [int(t) for t in context[copy.start:copy.start + k]]
+        return [self.swaps.get(t, t) for t in tokens] if self.swaps else tokens
+
+    def _learn_swaps(self, context: Sequence[int]) -> None:
+        """Where the target replaced one copied token and the answer then went on with the passage's next one,
+        it wrote one token for one: later copies write it so too, so that a rename or a respelling seen once
+        no longer ends every copy that reaches the word again. A swap the target did not make there (it wrote
+        the passage's own token) is dropped."""
+        if self._replacement is not None:
+            source, at = self._replacement
+            if at + 1 < len(context) and source + 1 < at and context[at + 1] == context[source + 1]:
+                self.swaps[int(context[source])] = int(context[at])
+            self._replacement = None
+        if self.replaced is not None:
+            if context[-1] == context[self.replaced]:  # the guess there was a swap: the passage's token held
+                self.swaps.pop(int(context[self.replaced]), None)
+            else:
+                self._replacement = (self.replaced, len(context) - 1)
 
     def find(self, context: Sequence[int]) -> Copy | None:
+        self._learn_swaps(context)
         ends, lengths = self.matches = matches(context, self.max_match)
         source = None
         if len(ends):
@@ -128,11 +155,6 @@ class Passage:
         return Copy("lookup", int(ends[i]), "far", int(lengths[i]))
 
 
-def copied(context: Sequence[int], copy: Copy, k: int) -> list[int]:
-    """What a copy from the context's own text would guess: the k tokens from its start."""
-    return [int(t) for t in context[copy.start:copy.start + k]]
-
-
 def copies(context: Sequence[int], k: int, passage: Passage, history: HistoryIndex | None) -> Iterator[Found]:
     """Every place to copy from, and what it would guess: the context's own text first (of two copies
     with one first token, a tree keeps the first), then the history."""
@@ -140,7 +162,7 @@ def copies(context: Sequence[int], k: int, passage: Passage, history: HistoryInd
         return
     copy = passage.find(context)
     if copy is not None:
-        yield Found(copy, copied(context, copy, k))
+        yield Found(copy, passage.guesses(context, copy, k))
     if history is not None:
         tokens, m = history.propose(context, k)
         yield Found(Copy("history", 0, "history", m), tokens)
