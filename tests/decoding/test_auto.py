@@ -311,8 +311,8 @@ def test_a_copys_place_is_read_off_the_matches_and_the_prompts_end():
     assert shift.shift(1.0, True, 14) > 0 > shift.shift(0.5, True, 14)
 
 
-def test_a_token_the_answer_wrote_as_another_is_copied_so_until_it_keeps_the_passages_own():
-    """A rename seen once is written by later copies; a swap the answer does not make there is dropped."""
+def test_a_token_the_answer_wrote_as_another_is_copied_so_until_a_step_rejects_it():
+    """A rename seen once is written by later copies; a swap that a step rejects is dropped."""
     prompt = [10, 11, 12, 40, 13, 14, 15, 16, 40, 17, 18, 99]  # 40: an identifier the answer renames to 41
     passage = Passage()
     passage.restart(prompt_end=len(prompt))
@@ -322,48 +322,71 @@ def test_a_token_the_answer_wrote_as_another_is_copied_so_until_it_keeps_the_pas
     passage.landed(copy.start, 3, 1)  # 12 held; the target wrote 41 for 40
     context += [12, 41]
     copy = passage.find(context)
-    assert passage.swaps == {}  # one token for one only once the answer goes on with the passage's next
     passage.landed(copy.start, 2, 2)
+    assert passage.swaps.written == {}  # a swap only once the answer has gone on with the passage after it
     context += [13, 14, 15]
     copy = passage.find(context)
-    assert passage.swaps == {40: 41}
+    assert passage.swaps.written == {(40,): (41,)}
     assert passage.guesses(context, copy, 4) == [16, 41, 17, 18]
-    passage.landed(copy.start, 4, 1)  # 16 held; here the target kept 40
-    context += [16, 40]
-    passage.find(context)
-    assert passage.swaps == {}
-    # Where the answer does not go on with the passage's next token, what it wrote is no swap (an insertion).
+    passage.landed(copy.start, 4, 1)  # 16 held; here the target did not write 41
+    assert passage.swaps.written == {} and passage.cursor == 8
+    passage.swaps.written[(40,)] = (41,)
+    passage.restart(prompt_end=len(context))
+    assert passage.swaps.written == {}
+    # Where the answer does not go on with the passage, what it wrote is no swap (an insertion, a rewording).
     passage.restart(prompt_end=len(prompt))
     context = prompt + [10, 11]
     passage.landed(passage.find(context).start, 3, 1)
     context += [12, 41]
     passage.find(context)
-    passage.find(context + [77])
-    assert passage.swaps == {}
+    for more in (77, 78, 79, 80, 81, 13, 14):
+        passage.find(context := [*context, more])
+    assert passage.swaps.written == {}
 
 
-def test_a_renamed_identifier_ends_one_copy_not_every_one():
-    """Replayed: a passage that uses one identifier six times, copied with it renamed. Once the answer has
-    renamed it, copies through its later uses guess the new name and hold."""
+def test_a_copy_through_a_swap_writes_the_longest_and_keeps_its_place_in_the_passage():
+    prompt = [10, 11, 12, 40, 41, 13, 14, 15, 99]
+    passage = Passage()
+    passage.restart(prompt_end=len(prompt))
+    passage.swaps.add((40, 41), (42,))  # two tokens written as one: the longer span is the one the answer changed
+    passage.swaps.add((40,), (50,))
+    context = prompt + [10, 11]
+    copy = passage.find(context)
+    assert passage.guesses(context, copy, 4) == [12, 42, 13, 14]
+    passage.landed(copy.start, 4, 3)  # 12 42 13 held, 14 did not: the passage's 14 is at 6, not 2 + 3
+    assert passage.cursor == passage.replaced == 6
+
+
+@pytest.mark.parametrize("old, new", [((40,), (41,)), ((40, 41), (42, 43)), ((40,), (42, 43)), ((40, 41), (42,))],
+                         ids=["one for one", "two for two", "two for one", "one for two"])
+def test_a_renamed_identifier_ends_one_copy_not_every_one(old: tuple[int, ...], new: tuple[int, ...]):
+    """Replayed: a passage that uses one name six times, copied with it changed (a renamed identifier, a changed
+    name). Once the answer has changed it, copies through its later uses write the new name and hold."""
     rng = np.random.default_rng(5)
-    passage = rng.integers(100, 900, 120).tolist()
-    for at in (10, 30, 50, 70, 90, 110):
-        passage[at] = 40
-    renamed = [41 if t == 40 else t for t in passage]
+    passage: list[int] = []
+    for _ in range(6):
+        passage += [*rng.integers(100, 900, 18).tolist(), *old]
+    renamed: list[int] = []
+    uses = []  # where in the answer each use of the new name begins
+    for at in range(0, len(passage), 18 + len(old)):
+        renamed += passage[at:at + 18]
+        uses.append(len(renamed))
+        renamed += new
     answer = Answer("edit", "held-out", 0.0, tuple([1, *passage, 2]), tuple(renamed))
     auto = auto_for(answer, LAPTOP)
-    at, missed, observe = 0, [], auto.observe  # where in the answer each step begins; where a copy missed 41
+    at, missed, observe = 0, set(), auto.observe  # where in the answer each step begins; uses a copy missed
 
     def counting(drafted: int, accepted: int, span_s: float | None = None) -> None:
         nonlocal at
-        if accepted < drafted and renamed[at + accepted] == 41:
-            missed.append(at + accepted)
+        wrong = at + accepted
+        if accepted < drafted:
+            missed.update(use for use in uses if use <= wrong < use + len(new))
         at += accepted + 1
         observe(drafted, accepted, span_s)
 
     auto.observe = counting  # type: ignore[method-assign]
     replay(answer, LAPTOP, auto)
-    assert len(missed) == 1, missed
+    assert missed == {uses[0]}, (missed, uses)
 
 
 def test_auto_verifies_two_continuations_as_a_tree_only_where_the_curve_makes_it_pay():

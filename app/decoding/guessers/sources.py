@@ -47,6 +47,98 @@ class Offer(NamedTuple):
     rate: float
 
 
+class Origins(NamedTuple):
+    """Where a copy's guesses come from, where some are what the answer writes for a span of the passage."""
+
+    positions: list[int]  # each guess's place in the context (a written span's guesses: where the span begins)
+    swaps: list[tuple[int, ...] | None]  # the passage span that a guess is written for, if any
+    end: int  # where the copy goes on after its last guess
+
+    def at(self, j: int) -> int:
+        """Where in the context the copy goes on after its first j guesses."""
+        return self.positions[j] if j < len(self.positions) else self.end
+
+
+class Swaps:
+    """Spans of the passage that this answer writes as others: a renamed identifier, a changed name or date, a
+    respelling. Each is learnt from the text where the target replaced a copied token and the answer then went
+    on with the passage; later copies write it in their place, so that an edit seen once no longer ends every
+    copy that reaches its words again. One that a step rejects is dropped: the answer does not make it there."""
+
+    MOST = 4  # tokens on either side of a swap
+    AGREE = 2  # tokens after it that the answer and the passage must share
+
+    def __init__(self) -> None:
+        self.written: dict[tuple[int, ...], tuple[int, ...]] = {}  # a passage span -> what the answer writes
+        self._firsts: set[int] = set()
+        self._open: tuple[int, int] | None = None  # a replacement to resolve: (passage position, answer position)
+
+    def replaced(self, source: int, at: int) -> None:
+        """The target wrote context[at] where a copy guessed the passage's token at `source`."""
+        self._open = (source, at)
+
+    def learn(self, context: Sequence[int]) -> None:
+        """The open replacement as a swap, once the answer goes on with the passage after it: the fewest tokens
+        on either side (then as many on each) after which AGREE tokens of the answer are the passage's. Given up
+        once the answer is past every length it could have."""
+        if self._open is None:
+            return
+        source, at = self._open
+        n, most, agree = len(context), self.MOST, self.AGREE
+        for total in range(2, 2 * most + 1):
+            for a in sorted(range(max(1, total - most), min(most, total - 1) + 1), key=lambda a: abs(2 * a - total)):
+                b = total - a
+                if at + b + agree <= n and source + a + agree <= at and all(
+                        int(context[at + b + j]) == int(context[source + a + j]) for j in range(agree)):
+                    self._open = None
+                    self.add(tuple(int(t) for t in context[source:source + a]), tuple(int(t) for t in context[at:at + b]))
+                    return
+        if n >= at + most + agree:
+            self._open = None
+
+    def add(self, span: tuple[int, ...], wrote: tuple[int, ...]) -> None:
+        """From now on, copies write `wrote` where the passage has `span`."""
+        if span != wrote:
+            self.written[span] = wrote
+            self._firsts.add(span[0])
+
+    def drop(self, span: tuple[int, ...]) -> None:
+        self.written.pop(span, None)
+        self._firsts = {key[0] for key in self.written}
+
+    def apply(self, context: Sequence[int], start: int, k: int) -> tuple[list[int], Origins]:
+        """The k guesses of a copy from `start`, each span this answer writes as another written so, and where
+        each comes from."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        swaps: list[tuple[int, ...] | None] = []
+        j, n = start, len(context)
+        while len(tokens) < k and j < n:
+            span = self._at(context, j) if int(context[j]) in self._firsts else None
+            if span is None:
+                tokens.append(int(context[j]))
+                positions.append(j)
+                swaps.append(None)
+                j += 1
+            else:
+                wrote = self.written[span]
+                tokens += wrote
+                positions += [j] * len(wrote)
+                swaps += [span] * len(wrote)
+                j += len(span)
+        end = positions[k] if len(tokens) > k else j
+        return tokens[:k], Origins(positions[:k], swaps[:k], end)
+
+    def _at(self, context: Sequence[int], j: int) -> tuple[int, ...] | None:
+        """The longest span with a swap that the context holds from j."""
+        found = None
+        for span in self.written:
+            if (found is None or len(span) > len(found)) and j + len(span) <= len(context) and all(
+                    int(context[j + i]) == t for i, t in enumerate(span)):
+                found = span
+        return found
+
+
 class Passage:
     """Where in the context to copy from: the longest earlier match; among equals, the one nearest after
     where the answer was last copying from, else the latest. In a passage that the answer copies with edits,
@@ -59,40 +151,27 @@ class Passage:
         self.replaced: int | None = None  # the copied token that the target just replaced, if any
         self.matches: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         self.prompt_end = 0  # where the answer began: copies before it are from the prompt
-        # Tokens of the passage that this answer writes as another, one for one (a renamed identifier, a
-        # respelling), and the last replacement not yet judged: (passage position, answer position).
-        self.swaps: dict[int, int] = {}
-        self._replacement: tuple[int, int] | None = None
+        self.swaps = Swaps()  # spans of the passage that this answer writes as others
+        self._origins: dict[int, Origins] = {}  # per copy sent this step, by its start: where its guesses come from
 
     def restart(self, prompt_end: int = 0) -> None:
         """A new generation, after a prompt this long: nothing is being copied yet."""
-        self.cursor = self.replaced = self._replacement = None
+        self.cursor = self.replaced = None
         self.prompt_end = prompt_end
-        self.swaps = {}
+        self.swaps = Swaps()
 
     def guesses(self, context: Sequence[int], copy: Copy, k: int) -> list[int]:
-        """What a copy would guess: the k tokens from its start, each as this answer has written it so far."""
-        tokens = [int(t) for t in context[copy.start:copy.start + k]]
-        return [self.swaps.get(t, t) for t in tokens] if self.swaps else tokens
-
-    def _learn_swaps(self, context: Sequence[int]) -> None:
-        """Where the target replaced one copied token and the answer then went on with the passage's next one,
-        it wrote one token for one: later copies write it so too, so that a rename or a respelling seen once
-        no longer ends every copy that reaches the word again. A swap the target did not make there (it wrote
-        the passage's own token) is dropped."""
-        if self._replacement is not None:
-            source, at = self._replacement
-            if at + 1 < len(context) and source + 1 < at and context[at + 1] == context[source + 1]:
-                self.swaps[int(context[source])] = int(context[at])
-            self._replacement = None
-        if self.replaced is not None:
-            if context[-1] == context[self.replaced]:  # the guess there was a swap: the passage's token held
-                self.swaps.pop(int(context[self.replaced]), None)
-            else:
-                self._replacement = (self.replaced, len(context) - 1)
+        """What a copy would guess: the k tokens from its start, with what this answer writes for them."""
+        if not self.swaps.written:
+            return [int(t) for t in context[copy.start:copy.start + k]]
+        tokens, self._origins[copy.start] = self.swaps.apply(context, copy.start, k)
+        return tokens
 
     def find(self, context: Sequence[int]) -> Copy | None:
-        self._learn_swaps(context)
+        if self.replaced is not None:
+            self.swaps.replaced(self.replaced, len(context) - 1)
+        self.swaps.learn(context)
+        self._origins = {}
         ends, lengths = self.matches = matches(context, self.max_match)
         source = None
         if len(ends):
@@ -141,9 +220,14 @@ class Passage:
         """A copy from `start` had `accepted` of its `drafted` guesses kept. Only a guess that landed at
         least once shows where the answer copies from: a first-token miss may just be the wrong occurrence,
         and following it would drift off the passage."""
+        origins = self._origins.get(start)
         if accepted:
-            self.cursor = start + accepted
+            self.cursor = origins.at(accepted) if origins else start + accepted
         self.replaced = self.cursor if 0 < accepted < drafted else None
+        swap = origins.swaps[accepted] if origins and self.replaced is not None else None
+        if swap is not None:  # the answer does not write it so here: a rename that is not everywhere
+            self.swaps.drop(swap)
+            self.replaced = None
 
     def other(self, context: Sequence[int], firsts: set[int]) -> Copy | None:
         """The longest (then latest) earlier match of the last context that goes on with none of `firsts`."""
