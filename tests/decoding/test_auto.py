@@ -330,8 +330,13 @@ def test_a_token_the_answer_wrote_as_another_is_copied_so_until_a_step_rejects_i
     assert passage.guesses(context, copy, 4) == [16, 41, 17, 18]
     passage.landed(copy.start, 4, 1)  # 16 held; here the target did not write 41
     assert passage.swaps.written == {} and passage.cursor == 8
-    passage.swaps.written[(40,)] = (41,)
-    passage.restart(prompt_end=len(context))
+    passage.restart(prompt_end=5)  # a new answer starts with none; one rejected as a copy's first guess is dropped
+    assert passage.swaps.written == {}
+    passage.swaps.add((40,), (41,))
+    context = [10, 11, 40, 13, 99, 10, 11]
+    copy = passage.find(context)
+    assert passage.guesses(context, copy, 2) == [41, 13]
+    passage.landed(copy.start, 2, 0)
     assert passage.swaps.written == {}
     # Where the answer does not go on with the passage, what it wrote is no swap (an insertion, a rewording).
     passage.restart(prompt_end=len(prompt))

@@ -224,7 +224,7 @@ class Passage:
         if accepted:
             self.cursor = origins.at(accepted) if origins else start + accepted
         self.replaced = self.cursor if 0 < accepted < drafted else None
-        swap = origins.swaps[accepted] if origins and self.replaced is not None else None
+        swap = origins.swaps[accepted] if origins and accepted < drafted else None
         if swap is not None:  # the answer does not write it so here: a rename that is not everywhere
             self.swaps.drop(swap)
             self.replaced = None
