@@ -38,6 +38,16 @@ def extra_buffers() -> bool:
         return True
 
 
+def token_piece(vocab: ctypes.c_void_p, token: int, buf: ctypes.Array[ctypes.c_char], special: bool = False) -> bytes:
+    """The bytes a token stands for (possibly part of a UTF-8 character), read through `buf`, or through a longer
+    buffer where llama.cpp says the piece needs one."""
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
+    return buf.raw[:n]
+
+
 _backend_ready = False
 _GGML_LOG_LEVEL_ERROR = 4  # ggml.h of the vendored llama.cpp (llama-cpp-python's _logger comment is stale)
 # llama.cpp's own log is for debugging llama.cpp. llama-cpp-python's logger maps the vendored levels

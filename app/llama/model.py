@@ -17,7 +17,7 @@ from llama_cpp import _internals
 
 from specchat.errors import SpecchatError
 from specchat.llama.cores import FITTER
-from specchat.llama.loading import extra_buffers, llama_errors, open_gguf
+from specchat.llama.loading import extra_buffers, llama_errors, open_gguf, token_piece
 from specchat.llama.mtp import ASSISTANTS
 from specchat.llama.session import Memory, Session
 
@@ -135,13 +135,7 @@ class Model:
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes a token stands for (possibly part of a UTF-8 character); control tokens
         such as <|im_end|> are empty unless `special` or shown (`show`)."""
-        special = special or token in self._shown
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
-        if n < 0:  # llama.cpp says how many bytes the piece needs: a longer buffer for this one
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-            return buf.raw[:n]
-        return self._piece_buf.raw[:n]
+        return token_piece(self.vocab, token, self._piece_buf, special or token in self._shown)
 
     def show(self, markers: Iterable[str]) -> None:
         """Show the text of each marker that is one control token of this vocabulary, as llama.cpp's server

@@ -7,13 +7,14 @@ second even for a 7B model, so a whole disk of models can be checked while the u
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 from typing import Any, Protocol
 
 import llama_cpp
 
 from specchat.errors import SpecchatError
-from specchat.llama.loading import open_gguf
+from specchat.llama.loading import open_gguf, token_piece
 
 # Vocabularies may differ by a few extra entries (padding, added special tokens) at the end:
 # the catalog's Qwen2.5 7B has 152,064 tokens and its 0.5B draft 151,936. Beyond this, they are
@@ -43,6 +44,7 @@ class VocabFile:
         self._vocab = self._model.vocab
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.metadata: dict[str, Any] = self._model.metadata()
+        self._piece_buf = ctypes.create_string_buffer(256)
 
     @property
     def quantization(self) -> str:
@@ -63,6 +65,10 @@ class VocabFile:
 
     def is_control(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_control(self._vocab, token))
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for, as a loaded Model's `piece` gives them (auto reads them to resume a copy)."""
+        return token_piece(self._vocab, token, self._piece_buf)
 
     def close(self) -> None:
         self._model.close()

@@ -88,14 +88,15 @@ class Judged:
 
 
 def judge(answers: Iterable[Answer], curve: CostCurve, priors: Priors | None = None, bound: bool = True,
-          places: Mapping[bool, PlaceShift | None] = PLACE_SHIFTS) -> Judged:
-    """Each answer replayed as a fresh conversation under auto on these priors and shifts by a copy's place,
-    against plain decoding and (where `bound`) the oracle."""
+          places: Mapping[bool, PlaceShift | None] = PLACE_SHIFTS, piece: Callable[[int], bytes] | None = None) -> Judged:
+    """Each answer replayed as a fresh conversation under auto on these priors and shifts by a copy's place, with
+    the target's token bytes where given (`piece`, as the live registry passes them), against plain decoding and
+    (where `bound`) the oracle."""
     plain_s = auto_s = oracle_s = 0.0
     worst, n = float("inf"), 0
     for a in answers:
         plain = float(curve.verify(1)) * len(a.answer)
-        auto, _ = replay(a, curve, auto_for(a, curve, priors, places=places))
+        auto, _ = replay(a, curve, auto_for(a, curve, priors, piece, places))
         plain_s, auto_s, oracle_s = plain_s + plain, auto_s + auto, oracle_s + (oracle(a, curve) if bound else 0.0)
         worst, n = min(worst, plain / auto), n + 1
     return Judged(plain_s, auto_s, oracle_s, worst if n else 1.0, n)

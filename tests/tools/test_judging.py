@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specchat.decoding.policy import CostCurve, Priors
-from specchat.tools.judging import auto_for, fixed_speedups
+from specchat.tools.judging import auto_for, fixed_speedups, judge
 from specchat.tools.recorded import Answer
 from specchat.tools.replay import replay
 
@@ -39,3 +39,21 @@ def test_fixed_choices_send_their_length_every_step_and_the_draft_only_where_rec
     assert fixed["draft k=4"] == pytest.approx(5 / 1.48, rel=0.05)
     sampled = Answer("rewrite", "held-out", 0.7, prompt, prompt)
     assert not any(name.startswith("draft") for name in fixed_speedups([sampled], FLAT))
+
+
+def test_judge_builds_auto_with_the_targets_token_bytes_where_given():
+    """As the live registry does: after a fixed typo (" avail" "ble" written as " available"), a copy resumes after
+    the text the target replaced, by the tokens' bytes, and one step sooner than without them."""
+    pieces = {10: b" The", 11: b" app", 12: b" is", 13: b" avail", 14: b"ble", 15: b" for", 16: b" download", 17: b" available"}
+    rng = np.random.default_rng(3)
+    passage = [10, 11, 12, 13, 14, 15, 16, *rng.integers(100, 900, 60).tolist()]
+    fixed = [10, 11, 12, 17, *passage[5:]]
+    answer = Answer("edit", "held-out", 0.0, tuple([1, *passage, 2]), tuple(fixed))
+    asked: list[int] = []
+
+    def piece(token: int) -> bytes:
+        asked.append(token)
+        return pieces.get(token, b" word")
+
+    with_bytes, without = judge([answer], FLAT, bound=False, piece=piece), judge([answer], FLAT, bound=False)
+    assert asked and with_bytes.auto > without.auto
