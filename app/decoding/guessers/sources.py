@@ -70,7 +70,6 @@ class Swaps:
 
     def __init__(self) -> None:
         self.written: dict[tuple[int, ...], tuple[int, ...]] = {}  # a passage span -> what the answer writes
-        self._firsts: set[int] = set()
         self._open: tuple[int, int] | None = None  # a replacement to resolve: (passage position, answer position)
 
     def replaced(self, source: int, at: int) -> None:
@@ -100,11 +99,9 @@ class Swaps:
         """From now on, copies write `wrote` where the passage has `span`."""
         if span != wrote:
             self.written[span] = wrote
-            self._firsts.add(span[0])
 
     def drop(self, span: tuple[int, ...]) -> None:
         self.written.pop(span, None)
-        self._firsts = {key[0] for key in self.written}
 
     def apply(self, context: Sequence[int], start: int, k: int) -> tuple[list[int], Origins]:
         """The k guesses of a copy from `start`, each span this answer writes as another written so, and where
@@ -112,9 +109,9 @@ class Swaps:
         tokens: list[int] = []
         positions: list[int] = []
         swaps: list[tuple[int, ...] | None] = []
-        j, n = start, len(context)
+        j, n, firsts = start, len(context), {span[0] for span in self.written}
         while len(tokens) < k and j < n:
-            span = self._at(context, j) if int(context[j]) in self._firsts else None
+            span = self._at(context, j) if int(context[j]) in firsts else None
             if span is None:
                 tokens.append(int(context[j]))
                 positions.append(j)
