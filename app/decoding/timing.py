@@ -3,11 +3,16 @@ by answer on top of a calibration.
 
 A timing taken while something else runs is slow, never fast, so each answer gives one figure per size
 it verified often enough: a low quantile of its own steps of that size. An answer the service judged busy
-gives none. One answer, or a few close together, may move a figure only a little from the calibration
-(MOVE): a busy moment that the judgement missed lasts one answer, or a few, and would otherwise own the
-figure and every later process that reads it. Only answers that agree, AGREE of them over at least
-AGREE_S, move it further (a machine that really is slower or faster than its calibration, a laptop on
-battery), and then to their median, which one stray answer cannot decide.
+gives none. The curve is learned as a level and a shape: the level is what one position (a plain step)
+costs; the shape is what n positions cost over one, each answer's figure for n over its own plain steps'
+figure, timed at the same moments, so that whatever slowed or sped a whole answer cancels. Learned apart,
+a figure for n that a busy answer raised and a plain step's that a quiet one lowered compounded: one
+answer's 2 positions at 105.6 ms over others' plain steps at 39.9 ms put them at 2.62 plain steps where
+they cost 1.8, and every longer copy 33% too dear. One answer, or a few close together, may move a figure
+only a little from the calibration (MOVE): a busy moment that the judgement missed lasts one answer, or a
+few, and would otherwise own the figure and every later process that reads it. Only answers that agree,
+AGREE of them over at least AGREE_S, move it further (a machine that really is slower or faster than its
+calibration, a laptop on battery), and then to their median, which one stray answer cannot decide.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ MOVE = 1.25  # the most a figure moves from the calibration until answers agree
 AGREE = 3  # answers that may move a figure further: their median, once they span AGREE_S
 AGREE_S = 300.0
 
-Seen = deque[tuple[float, float]]  # (when, seconds) of each answer that gave the figure, oldest first
+Seen = deque[tuple[float, float]]  # (when, figure) of each answer that gave the figure, oldest first
 
 
 def low(values: Sequence[float], quantile: float = QUANTILE) -> float:
@@ -54,58 +59,80 @@ def settled(prior: float, seen: Seen) -> float:
     spanning AGREE_S say otherwise."""
     if not seen:
         return prior
-    median = statistics.median(seconds for _, seconds in seen)
+    median = statistics.median(figure for _, figure in seen)
     whens = [when for when, _ in seen]
     if len(seen) >= AGREE and max(whens) - min(whens) >= AGREE_S:
         return median
     return min(max(median, prior / MOVE), prior * MOVE)
 
 
+def _figure(times: Sequence[float]) -> float | None:
+    """One answer's figure from its timings of one kind, if it had enough."""
+    times = [t for t in times if t > 0]
+    return low(times) if len(times) >= MIN_SEEN else None
+
+
 @dataclass
 class StepTimes:
-    """What quiet answers' real steps showed: per number of positions verified, and per drafted token of
-    each drafting model, one figure an answer. `curve(prior)` is the prior (a calibration) corrected by them."""
+    """What quiet answers' real steps showed: a plain step's seconds (`plain`), what n positions cost over
+    one (`shape`, n >= 2) and each drafting model's seconds per drafted token (`token`), one figure an answer.
+    `curve(prior)` is the prior (a calibration) corrected by them."""
 
-    verify: dict[int, Seen] = field(default_factory=dict)
+    plain: Seen = field(default_factory=lambda: deque(maxlen=WINDOW))
+    shape: dict[int, Seen] = field(default_factory=dict)
     token: dict[str, Seen] = field(default_factory=dict)
     answers: int = 0
 
     def add_answer(self, verify: Mapping[int, Sequence[float]], token: Mapping[str, Sequence[float]],
                    when: float) -> None:
-        """One answer's timings (seconds per step by positions; seconds per drafted token by drafter)."""
-        for table, timings in ((self.verify, verify), (self.token, token)):
-            for key, times in timings.items():
-                times = [t for t in times if t > 0]
-                if len(times) >= MIN_SEEN:
-                    table.setdefault(key, deque(maxlen=WINDOW)).append((when, low(times)))  # type: ignore[index]
+        """One answer's timings (seconds per step by positions; seconds per drafted token by drafter). Its
+        figures for two positions or more count only beside its own plain steps: without them, they could
+        not be told from the moment's."""
+        figures = {n: figure for n, times in verify.items() if (figure := _figure(times)) is not None}
+        if 1 in figures:
+            self.plain.append((when, figures[1]))
+            for n, seconds in figures.items():
+                if n > 1:
+                    self.shape.setdefault(n, deque(maxlen=WINDOW)).append((when, seconds / figures[1]))
+        for name, times in token.items():
+            if (figure := _figure(times)) is not None:
+                self.token.setdefault(name, deque(maxlen=WINDOW)).append((when, figure))
         self.answers += 1
 
     def seen(self) -> dict[int, int]:
         """How many answers gave each size's figure."""
-        return {n: len(seen) for n, seen in self.verify.items() if seen}
+        return {n: len(seen) for n, seen in ((1, self.plain), *self.shape.items()) if seen}
 
     def curve(self, prior: CostCurve) -> CostCurve:
-        """The prior where no answer gave a figure, the answers' figures where they did. Points not seen move
-        with the seen ones (a machine slower than its calibration is slower at every n), then the whole is
-        made non-decreasing."""
-        size = len(prior.verify_s)
+        """The prior where no answer gave a figure, the answers' figures where they did: its plain step's
+        seconds scaled to theirs, its shape (n positions over one) moved to theirs at the sizes they saw, and
+        at the others by the median of those moves (batching that is dearer than calibrated at some sizes
+        is at all), then made non-decreasing."""
         points = np.asarray(prior.verify_s, dtype=np.float64)
-        figures = {n: settled(float(points[n - 1]), seen) for n, seen in self.verify.items() if n <= size and seen}
-        if figures:
-            points = points * float(np.median([t / points[n - 1] for n, t in figures.items()]))
-            for n, t in figures.items():
-                points[n - 1] = t
-        return CostCurve(non_decreasing(points).tolist(), settled(prior.draft_s, self.token.get("draft", deque())),
+        shape = points / points[0]
+        moves = {n: settled(float(shape[n - 1]), seen) / shape[n - 1]
+                 for n, seen in self.shape.items() if n <= len(points) and seen}
+        if moves:
+            shape[1:] *= float(np.median(list(moves.values())))
+            for n, move in moves.items():
+                shape[n - 1] = points[n - 1] / points[0] * move
+        level = settled(float(points[0]), self.plain)
+        return CostCurve(non_decreasing(level * shape).tolist(), settled(prior.draft_s, self.token.get("draft", deque())),
                          mtp_s=settled(prior.mtp_s, self.token.get("mtp", deque())), rollback=prior.rollback)
 
     def to_json(self) -> dict:
-        return {"verify": {str(n): [list(x) for x in seen] for n, seen in self.verify.items()},
+        return {"plain": [list(x) for x in self.plain],
+                "shape": {str(n): [list(x) for x in seen] for n, seen in self.shape.items()},
                 "token": {name: [list(x) for x in seen] for name, seen in self.token.items()}, "answers": self.answers}
 
     @classmethod
     def from_json(cls, data: dict) -> StepTimes:
+        """What was saved; from a cache of before the shape (figures of n positions in seconds, apart), only
+        the plain steps' figures: the others may hold exactly the compounding this class prevents."""
         times = cls(answers=int(data.get("answers", 0)))
-        for table, stored, key in ((times.verify, data.get("verify"), int), (times.token, data.get("token"), str)):
+        plain = data.get("plain", (data.get("verify") or {}).get("1", ()))
+        times.plain.extend((float(w), float(s)) for w, s in plain)
+        for table, stored, key in ((times.shape, data.get("shape"), int), (times.token, data.get("token"), str)):
             for name, values in (stored or {}).items():
                 table[key(name)] = deque(((float(w), float(s)) for w, s in values), maxlen=WINDOW)  # type: ignore[index]
         return times

@@ -148,17 +148,51 @@ def test_one_answer_moves_a_figure_little_and_answers_close_together_no_further(
     times = StepTimes()
     times.add_answer(by_size(slowed(factor)), {}, 0.0)
     curve = times.curve(CostCurve(QUIET))
-    for n in (1, 2, 5):
-        assert curve.verify_s[n - 1] / QUIET[n - 1] == pytest.approx(MOVE if factor > 1 else 1 / MOVE)
+    for n in (1, 2, 5):  # the level moves by MOVE; the shape, timed within the answer, is the quiet one's
+        assert curve.verify_s[n - 1] / QUIET[n - 1] == pytest.approx(MOVE if factor > 1 else 1 / MOVE, rel=0.02)
     for when in (30.0, 60.0):
         times.add_answer(by_size(slowed(factor)), {}, when)
     curve = times.curve(CostCurve(QUIET))
-    assert all(1 / MOVE - 1e-9 <= c / q <= MOVE + 1e-9 for c, q in zip(curve.verify_s, QUIET))
+    assert all(1 / MOVE / 1.02 <= c / q <= MOVE * 1.02 for c, q in zip(curve.verify_s, QUIET))
     # One slow answer among quiet ones an hour apart: their median, which it cannot move.
     mixed = StepTimes()
     for when, steps in ((0.0, one_generation()), (1800.0, slowed(3.0)), (3600.0, one_generation())):
         mixed.add_answer(by_size(steps), {}, when)
     assert mixed.curve(CostCurve(QUIET)).verify_s[:5] == pytest.approx(QUIET[:5], rel=0.08)
+
+
+def test_a_slow_answer_at_one_size_and_a_fast_level_do_not_compound():
+    """The figures that made auto too shy on a 2-core EPYC: a calibration taken at a busy moment (every size
+    12% dearer than the machine's), quiet answers that agree over time on the machine's real costs, and one
+    answer whose 2-position steps ran slow beside its own plain steps. Learned apart, the plain step fell to
+    the quiet answers' figure and 2 positions rose by MOVE, so the curve said 2 positions cost 2.62 plain
+    steps where they cost 1.8. Learned as a level and a shape, the shape moves by MOVE at most, and a whole
+    answer slowed or sped alike moves it not at all."""
+    calibration = CostCurve([q * 1.12 for q in QUIET])
+    times = StepTimes()
+    quiet = [s for s in one_generation() if s.drafted in (0, 3)]  # plain steps and copies of 3, as edits send
+    for when in (0.0, 150.0, AGREE_S):
+        times.add_answer(by_size(quiet), {}, when)
+    curve = times.curve(calibration)
+    assert curve.verify_s[0] == pytest.approx(QUIET[0], rel=0.05)
+    for n in (2, 4, 16):
+        assert curve.verify_s[n - 1] / curve.verify_s[0] == pytest.approx(QUIET[n - 1] / QUIET[0], rel=0.05)
+    slow_pairs = [step(1, QUIET[0])] * 10 + [step(2, QUIET[1] * 1.5)] * 5
+    times.add_answer(by_size(slow_pairs), {}, AGREE_S + 60.0)
+    curve = times.curve(calibration)
+    assert curve.verify_s[1] / curve.verify_s[0] == pytest.approx(MOVE * QUIET[1] / QUIET[0], rel=0.01)
+
+
+def test_figures_saved_before_the_shape_keep_only_the_plain_steps():
+    """A cache from before the shape held n positions in seconds, apart from the plain steps: exactly what
+    compounded. Its plain steps' figures are kept; the others would need their answers' plain steps."""
+    old = {"verify": {"1": [[0.0, 0.04], [400.0, 0.04], [800.0, 0.04]], "2": [[0.0, 0.105]]}, "token": {},
+           "answers": 3}
+    times = StepTimes.from_json(old)
+    assert times.seen() == {1: 3}
+    curve = times.curve(CostCurve(QUIET))
+    assert curve.verify_s[1] / curve.verify_s[0] == pytest.approx(QUIET[1] / QUIET[0])
+    assert StepTimes.from_json(times.to_json()).to_json() == times.to_json()
 
 
 def costs_for(name: str = "target") -> PairCosts:
