@@ -184,7 +184,8 @@ class PairCosts:
         seen = self.learned.seen()
         lines.append(f"learned from {self.learned.answers} quiet answers: positions "
                      f"{', '.join(f'{n} ({k})' for n, k in sorted(seen.items())) or 'none yet'} (answers that gave each "
-                     f"figure) correct the calibration's figures, the rest move with them; within {MOVE:.2f}x of it until "
+                     f"figure: a plain step's time, and n positions over the same answer's plain steps) correct the "
+                     f"calibration's, the rest of its shape moves with them; within {MOVE:.2f}x of it until "
                      f"{AGREE} answers at least {AGREE_S / 60:.0f} minutes apart agree")
         return lines
 
