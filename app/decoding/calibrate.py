@@ -93,6 +93,20 @@ def _times(model: Model, n: int, repeats: int) -> list[float]:
     return times
 
 
+def timed_rounds(model: Model, repeats: int = REPEATS) -> dict[int, list[float]]:
+    """Tries of every measured size, in rounds that time each size once, so that each size's lowest comes
+    from across the whole measurement: timed size by size, a machine whose speed drifted over its 20 s
+    (a neighbour on a busy evening) gave one size its slow seconds and another its fast ones, and the
+    curve's shape, which is what auto decides by, with them: 2 positions at 1.56 to 2.04 plain steps in
+    three measurements a minute apart, 16 at 6.6 to 11.1."""
+    tries: dict[int, list[float]] = {n: [] for n in _MEASURED}
+    for r in range(repeats):
+        for n in _MEASURED:
+            if r < (repeats if n < FEWER_FROM else min(repeats, FEWER)):
+                tries[n] += _times(model, n, 1)
+    return tries
+
+
 def _time_decode(model: Model, n: int, repeats: int = REPEATS) -> float:
     return min(_times(model, n, repeats))
 
@@ -140,7 +154,7 @@ def measure_curve(target: Model, draft: Model | None, mtp: MtpHead | None = None
         s.decode([1] * _CONTEXT, "none")
     with OtherLoad(target.n_threads) as load:
         _times(target, 16, 2)  # warm up: the first batches after a prefill run slow
-        tries = {n: _times(target, n, repeats if n < FEWER_FROM else min(repeats, FEWER)) for n in _MEASURED}
+        tries = timed_rounds(target, repeats)
         plain = _plain_step(target, repeats)
         draft_s = _time_decode(draft, 1) if draft is not None else 0.0
         mtp_s = _time_mtp(mtp) if mtp is not None else 0.0

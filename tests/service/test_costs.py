@@ -195,6 +195,39 @@ def test_figures_saved_before_the_shape_keep_only_the_plain_steps():
     assert StepTimes.from_json(times.to_json()).to_json() == times.to_json()
 
 
+class DriftingModel:
+    """A model on a fake clock whose steps cost 1 ms a position, and 1.5 ms once `slow_after` decodes have
+    run: a neighbour that started halfway through a measurement."""
+
+    n_vocab = 100
+
+    def __init__(self, slow_after: int) -> None:
+        self.session, self.calls, self.slow_after, self.now = self, 0, slow_after, 0.0
+        self.tokens: list[int] = []
+
+    def checkpoint(self, lasting: bool = False) -> None:
+        pass
+
+    def decode(self, tokens: list[int], logits: str) -> None:
+        self.now += len(tokens) * (0.0015 if self.calls >= self.slow_after else 0.001)
+        self.calls += 1
+
+    def rewind(self, n: int) -> None:
+        pass
+
+
+def test_a_machine_that_slows_during_the_measurement_does_not_bend_its_shape(monkeypatch):
+    """Timed size by size, the sizes timed after the neighbour started came out 1.5 times dear against those
+    before; timed in rounds, every size has tries before it, so each size's lowest, and the curve's shape,
+    is the quiet machine's."""
+    from specchat.decoding import calibrate
+
+    model = DriftingModel(slow_after=2 * len(calibrate._MEASURED))  # the third of five rounds on
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: model.now)
+    lowest = {n: min(times) for n, times in calibrate.timed_rounds(model).items()}  # type: ignore[arg-type]
+    assert all(lowest[n] == pytest.approx(0.001 * n) for n in calibrate._MEASURED), lowest
+
+
 def costs_for(name: str = "target") -> PairCosts:
     return PairCosts(ScriptedModel(name=name), None, None)  # type: ignore[arg-type]
 
