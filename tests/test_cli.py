@@ -256,6 +256,9 @@ def test_bench_prints_plain_auto_the_oracle_bound_and_the_modelled_auto(smol_pat
     assert modelled["share_of_oracle_gain"] == pytest.approx(
         (modelled["speedup_vs_plain"] - 1) / (rows["oracle"]["speedup_vs_plain"] - 1))
     assert "auto modelled" in result.stdout and "oracle bound" in result.stdout
+    # And the curves each judged by: the measurement, and the one live auto ended on.
+    assert re.search(r"measured at the start [\d.]+, [\d.]+, [\d.]+, [\d.]+ .* learned by the end [\d.]+,",
+                     result.stdout), result.stdout
 
 
 def test_a_broken_setting_is_said_once_before_the_error(tmp_path):

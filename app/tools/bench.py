@@ -61,9 +61,21 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
                      build(name, service.inputs(costs=True)).default_draft_length for label, name in guessers.items()}
     report = _report(runs, modelled, draft_lengths)
     _print_bench(report, target.name, args.repeat)
+    # Auto decides by the live curve, which the answers above corrected; the bound and the modelled auto by
+    # the measurement: where they part, so may the measured and the modelled figures.
+    print(f"cost curve, in plain steps at {', '.join(map(str, CURVE_AT))} positions: measured at the start "
+          f"{_shape(curve)} (the bound and the modelled auto's), learned by the end {_shape(service.pair.curve())} "
+          "(live auto's last)")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+CURVE_AT = (2, 4, 8, 16)
+
+
+def _shape(curve: CostCurve) -> str:
+    return ", ".join(f"{float(curve.verify(n) / curve.verify(1)):.2f}" for n in CURVE_AT)
 
 
 def _modelled(answer: Answer, curve: CostCurve, target: Model) -> tuple[float, float, float]:
