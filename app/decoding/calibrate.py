@@ -95,10 +95,10 @@ def _times(model: Model, n: int, repeats: int) -> list[float]:
 
 def timed_rounds(model: Model, repeats: int = REPEATS) -> dict[int, list[float]]:
     """Tries of every measured size, in rounds that time each size once, so that each size's lowest comes
-    from across the whole measurement: timed size by size, a machine whose speed drifted over its 20 s
-    (a neighbour on a busy evening) gave one size its slow seconds and another its fast ones, and the
-    curve's shape, which is what auto decides by, with them: 2 positions at 1.56 to 2.04 plain steps in
-    three measurements a minute apart, 16 at 6.6 to 11.1."""
+    from across the whole measurement: timed size by size, a machine whose speed drifted over its 20 s (a
+    neighbour that started halfway) gave the sizes timed before it their fast seconds and those after it
+    slow ones, and the curve's shape, which is what auto decides by, with them. (Noise faster than that
+    the rounds cannot remove: `bench/calibration` shows how much is left on this machine.)"""
     tries: dict[int, list[float]] = {n: [] for n in _MEASURED}
     for r in range(repeats):
         for n in _MEASURED:

@@ -8,7 +8,7 @@ costs; the shape is what n positions cost over one, each answer's figure for n o
 figure, timed at the same moments, so that whatever slowed or sped a whole answer cancels. Learned apart,
 a figure for n that a busy answer raised and a plain step's that a quiet one lowered compounded: one
 answer's 2 positions at 105.6 ms over others' plain steps at 39.9 ms put them at 2.62 plain steps where
-they cost 1.8, and every longer copy 33% too dear. One answer, or a few close together, may move a figure
+they cost 1.8 (bench/calibration), and every longer copy 33% too dear. One answer, or a few close together, may move a figure
 only a little from the calibration (MOVE): a busy moment that the judgement missed lasts one answer, or a
 few, and would otherwise own the figure and every later process that reads it. Only answers that agree,
 AGREE of them over at least AGREE_S, move it further (a machine that really is slower or faster than its
