@@ -246,7 +246,7 @@ def test_bench_prints_plain_auto_the_oracle_bound_and_the_modelled_auto(smol_pat
                      "--guesser", "auto", "--repeat", "1", "--max-tokens", "24", "--json", str(report),
                      env={"XDG_CACHE_HOME": str(tmp_path)})
     rows = json.loads(report.read_text())["rewrite"]
-    assert set(rows) == {"plain", "auto", "oracle", "modelled"}
+    assert set(rows) == {"plain", "auto", "oracle", "modelled", "modelled_learned"}
     assert rows["plain"]["speedup_vs_plain"] == 1.0 and rows["auto"]["tokens_per_s"] > 0
     # The answer repeats the prompt's sentence: a bound that copies it is well above plain (one that
     # never copies, or always pays for a miss, is at or below 1.0x).
@@ -259,6 +259,7 @@ def test_bench_prints_plain_auto_the_oracle_bound_and_the_modelled_auto(smol_pat
     # And the curves each judged by: the measurement, and the one live auto ended on.
     assert re.search(r"measured at the start [\d.]+, [\d.]+, [\d.]+, [\d.]+ .* learned by the end [\d.]+,",
                      result.stdout), result.stdout
+    assert rows["modelled_learned"]["speedup_vs_plain"] > 0 and "on the curve the answers taught" in result.stdout
 
 
 def test_a_broken_setting_is_said_once_before_the_error(tmp_path):

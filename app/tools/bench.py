@@ -40,7 +40,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     target = service.target
     curve = service.pair.curve().copy()  # as measured: the live one learns from the runs below
     guessers = {"plain": "none", **{name: name for name in args.guesser}}
-    modelled: dict[str, list[tuple[float, float, float]]] = defaultdict(list)  # task -> plain, oracle, auto s
+    answers: dict[str, list[Answer]] = defaultdict(list)  # task -> plain's answers, for the modelled figures
     # runs[task][guesser][repeat] -> list of Stats over that task's prompts
     runs: dict[str, dict[str, list[list[Stats]]]] = defaultdict(
         lambda: {g: [[] for _ in range(args.repeat)] for g in guessers})
@@ -52,20 +52,21 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
                 done = final(service.chat(messages, config, name))
                 runs[task][label][rep].append(done.stats)
                 if label == "plain" and rep == 0:
-                    plain = recorded(task, text, config.sampling.temperature, service.last_prompt, done.token_ids,
-                                     service.pair.draft)
-                    modelled[task].append(_modelled(plain, curve, target))
+                    answers[task].append(recorded(task, text, config.sampling.temperature, service.last_prompt,
+                                                  done.token_ids, service.pair.draft))
         print(f"  prompt {n}/{len(prompts)} ({task}) done", file=sys.stderr)
 
     draft_lengths = {label: config.draft_length if config.draft_length is not None else
                      build(name, service.inputs(costs=True)).default_draft_length for label, name in guessers.items()}
-    report = _report(runs, modelled, draft_lengths)
+    # Live auto decides by the live curve, which the answers above corrected as they ran: its choices are
+    # modelled on the measurement it started from, and on the curve it ended on, which brackets them.
+    learned = service.pair.curve().copy()
+    modelled = {task: [_modelled(answer, curve, target) for answer in done] for task, done in answers.items()}
+    relearned = {task: [_modelled(answer, learned, target) for answer in done] for task, done in answers.items()}
+    report = _report(runs, modelled, relearned, draft_lengths)
     _print_bench(report, target.name, args.repeat)
-    # Auto decides by the live curve, which the answers above corrected; the bound and the modelled auto by
-    # the measurement: where they part, so may the measured and the modelled figures.
     print(f"cost curve, in plain steps at {', '.join(map(str, CURVE_AT))} positions: measured at the start "
-          f"{_shape(curve)} (the bound and the modelled auto's), learned by the end {_shape(service.pair.curve())} "
-          "(live auto's last)")
+          f"{_shape(curve)} (the bound's and the modelled auto's), learned by the end {_shape(learned)}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
@@ -88,6 +89,7 @@ def _modelled(answer: Answer, curve: CostCurve, target: Model) -> tuple[float, f
 
 
 def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, list[tuple[float, float, float]]],
+            relearned: dict[str, list[tuple[float, float, float]]],
             draft_lengths: dict[str, int]) -> dict[str, dict[str, dict[str, float]]]:
     """Per task and guesser: acceptance, tokens per step against the formula, and medians of tok/s and of the
     speedup within each repeat; then the oracle bound and the modelled auto on plain's text."""
@@ -115,6 +117,8 @@ def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, l
         gain = plain_s / oracle_s - 1  # the oracle's gain over plain decoding: what auto's is a share of
         report[task]["modelled"] = {"speedup_vs_plain": plain_s / auto_s,
                                     "share_of_oracle_gain": (plain_s / auto_s - 1) / gain if gain > 1e-9 else None}
+        plain_s, _, auto_s = (sum(column) for column in zip(*relearned[task]))
+        report[task]["modelled_learned"] = {"speedup_vs_plain": plain_s / auto_s}
     return report
 
 
@@ -136,6 +140,10 @@ def _print_bench(report: dict[str, dict[str, dict[str, float]]], target: str, re
                 label = "auto modelled (same text and curve" + (f": {share:.0%} of the bound's gain)" if share is not None
                                                                  else ")")
                 print(f"{task:10}{label:57}{r['speedup_vs_plain']:>8.2f}x")
+                continue
+            if name == "modelled_learned":
+                print(f"{task:10}{'auto modelled on the curve the answers taught by the end':57}"
+                      f"{r['speedup_vs_plain']:>8.2f}x")
                 continue
             print(f"{task:10}{name:9}{r['k']:>4}{r['acceptance']:>12.3f}{r['alpha']:>7.3f}{r['tokens_per_step']:>10.2f}"
                   f"{r['formula_tokens_per_step']:>9.2f}{r['tokens_per_s']:>8.1f}{r['speedup_vs_plain']:>8.2f}x")
