@@ -61,8 +61,8 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     # Live auto decides by the live curve, which the answers above corrected as they ran: its choices are
     # modelled on the measurement it started from, and on the curve it ended on, which brackets them.
     learned = service.pair.curve().copy()
-    modelled = {task: [_modelled(answer, curve, target) for answer in done] for task, done in answers.items()}
-    relearned = {task: [_modelled(answer, learned, target) for answer in done] for task, done in answers.items()}
+    modelled = {task: [_modelled(answer, curve, target) for answer in plains] for task, plains in answers.items()}
+    relearned = {task: [_modelled(answer, learned, target) for answer in plains] for task, plains in answers.items()}
     report = _report(runs, modelled, relearned, draft_lengths)
     _print_bench(report, target.name, args.repeat)
     print(f"cost curve, in plain steps at {', '.join(map(str, CURVE_AT))} positions: measured at the start "
@@ -92,7 +92,8 @@ def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, l
             relearned: dict[str, list[tuple[float, float, float]]],
             draft_lengths: dict[str, int]) -> dict[str, dict[str, dict[str, float]]]:
     """Per task and guesser: acceptance, tokens per step against the formula, and medians of tok/s and of the
-    speedup within each repeat; then the oracle bound and the modelled auto on plain's text."""
+    speedup within each repeat; then the oracle bound and the modelled auto on plain's text, on the curve
+    measured at the start (and the auto on the one the answers taught by the end)."""
     report: dict[str, dict[str, dict[str, float]]] = {}
     for task, by_guesser in runs.items():
         plain_tps = [_tps(r) for r in by_guesser["plain"]]
