@@ -8,11 +8,12 @@ costs; the shape is what n positions cost over one, each answer's figure for n o
 figure, timed at the same moments, so that whatever slowed or sped a whole answer cancels. Learned apart,
 a figure for n that a busy answer raised and a plain step's that a quiet one lowered compounded: one
 answer's 2 positions at 105.6 ms over others' plain steps at 39.9 ms put them at 2.62 plain steps where
-they cost 1.8 (bench/calibration), and every longer copy 33% too dear. One answer, or a few close together, may move a figure
-only a little from the calibration (MOVE): a busy moment that the judgement missed lasts one answer, or a
-few, and would otherwise own the figure and every later process that reads it. Only answers that agree,
-AGREE of them over at least AGREE_S, move it further (a machine that really is slower or faster than its
-calibration, a laptop on battery), and then to their median, which one stray answer cannot decide.
+they cost 1.8 (bench/calibration), and every longer copy 33% too dear. One answer, or a few close
+together, may move a figure only a little from the calibration (MOVE): a busy moment that the judgement
+missed lasts one answer, or a few, and would otherwise own the figure and every later process that reads
+it. Only answers that agree, AGREE of them over at least AGREE_S, move it further (a machine that really
+is slower or faster than its calibration, a laptop on battery), and then to their median, which one stray
+answer cannot decide.
 """
 
 from __future__ import annotations
@@ -110,12 +111,11 @@ class StepTimes:
         is at all), then made non-decreasing."""
         points = np.asarray(prior.verify_s, dtype=np.float64)
         shape = points / points[0]
-        moves = {n: settled(float(shape[n - 1]), seen) / shape[n - 1]
-                 for n, seen in self.shape.items() if n <= len(points) and seen}
-        if moves:
-            shape[1:] *= float(np.median(list(moves.values())))
-            for n, move in moves.items():
-                shape[n - 1] = points[n - 1] / points[0] * move
+        figures = {n: settled(float(shape[n - 1]), seen) for n, seen in self.shape.items() if n <= len(points) and seen}
+        if figures:
+            shape[1:] *= float(np.median([figure / shape[n - 1] for n, figure in figures.items()]))
+            for n, figure in figures.items():
+                shape[n - 1] = figure
         level = settled(float(points[0]), self.plain)
         return CostCurve(non_decreasing(level * shape).tolist(), settled(prior.draft_s, self.token.get("draft", deque())),
                          mtp_s=settled(prior.mtp_s, self.token.get("mtp", deque())), rollback=prior.rollback)
