@@ -93,6 +93,11 @@ def _times(model: Model, n: int, repeats: int) -> list[float]:
     return times
 
 
+def tries_of(n: int, repeats: int = REPEATS) -> int:
+    """How many times n positions are timed: fewer for the long batches, which vary less (FEWER_FROM)."""
+    return repeats if n < FEWER_FROM else min(repeats, FEWER)
+
+
 def timed_rounds(model: Model, repeats: int = REPEATS) -> dict[int, list[float]]:
     """Tries of every measured size, in rounds that time each size once, so that each size's lowest comes
     from across the whole measurement: timed size by size, a machine whose speed drifted over its 20 s (a
@@ -102,7 +107,7 @@ def timed_rounds(model: Model, repeats: int = REPEATS) -> dict[int, list[float]]
     tries: dict[int, list[float]] = {n: [] for n in _MEASURED}
     for r in range(repeats):
         for n in _MEASURED:
-            if r < (repeats if n < FEWER_FROM else min(repeats, FEWER)):
+            if r < tries_of(n, repeats):
                 tries[n] += _times(model, n, 1)
     return tries
 
