@@ -62,7 +62,8 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     # modelled on the measurement it started from, and on the curve it ended on, which brackets them.
     learned = service.pair.curve().copy()
     modelled = {task: [_modelled(answer, curve, target) for answer in plains] for task, plains in answers.items()}
-    relearned = {task: [_modelled(answer, learned, target) for answer in plains] for task, plains in answers.items()}
+    relearned = {task: [(_plain_s(answer, learned), _auto_s(answer, learned, target)) for answer in plains]
+                 for task, plains in answers.items()}
     report = _report(runs, modelled, relearned, draft_lengths)
     _print_bench(report, target.name, args.repeat)
     print(f"cost curve, in plain steps at {', '.join(map(str, CURVE_AT))} positions: measured at the start "
@@ -84,12 +85,19 @@ def _modelled(answer: Answer, curve: CostCurve, target: Model) -> tuple[float, f
     judges a recorded answer: auto built as a fresh conversation builds it (the recorded draft, the target's
     token bytes) and replayed at the curve's costs, its choices judged without timing noise; the oracle with
     the draft too where one was recorded."""
-    auto = auto_for(answer, curve.copy(), piece=target.piece)
-    return float(curve.verify(1)) * len(answer.answer), oracle(answer, curve), replay(answer, curve, auto)[0]
+    return _plain_s(answer, curve), oracle(answer, curve), _auto_s(answer, curve, target)
+
+
+def _plain_s(answer: Answer, curve: CostCurve) -> float:
+    return float(curve.verify(1)) * len(answer.answer)
+
+
+def _auto_s(answer: Answer, curve: CostCurve, target: Model) -> float:
+    return replay(answer, curve, auto_for(answer, curve.copy(), piece=target.piece))[0]
 
 
 def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, list[tuple[float, float, float]]],
-            relearned: dict[str, list[tuple[float, float, float]]],
+            relearned: dict[str, list[tuple[float, float]]],
             draft_lengths: dict[str, int]) -> dict[str, dict[str, dict[str, float]]]:
     """Per task and guesser: acceptance, tokens per step against the formula, and medians of tok/s and of the
     speedup within each repeat; then the oracle bound and the modelled auto on plain's text, on the curve
@@ -118,7 +126,7 @@ def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, l
         gain = plain_s / oracle_s - 1  # the oracle's gain over plain decoding: what auto's is a share of
         report[task]["modelled"] = {"speedup_vs_plain": plain_s / auto_s,
                                     "share_of_oracle_gain": (plain_s / auto_s - 1) / gain if gain > 1e-9 else None}
-        plain_s, _, auto_s = (sum(column) for column in zip(*relearned[task]))
+        plain_s, auto_s = (sum(column) for column in zip(*relearned[task]))
         report[task]["modelled_learned"] = {"speedup_vs_plain": plain_s / auto_s}
     return report
 
