@@ -5,7 +5,8 @@ A timing taken while something else runs is slow, never fast, so each answer giv
 it verified often enough: a low quantile of its own steps of that size. An answer the service judged busy
 gives none. The curve is learned as a level and a shape: the level is what one position (a plain step)
 costs; the shape is what n positions cost over one, each answer's figure for n over its own plain steps'
-figure, timed at the same moments, so that whatever slowed or sped a whole answer cancels. Learned apart,
+figure, timed at the same moments, so that whatever slowed or sped a whole answer cancels (a drafted
+token's seconds too are learned over the same answer's plain steps). Learned apart,
 a figure for n that a busy answer raised and a plain step's that a quiet one lowered compounded: one
 answer's 2 positions at 105.6 ms over others' plain steps at 39.9 ms put them at 2.62 plain steps where
 they cost 1.8 (bench/calibration), and every longer copy 33% too dear. One answer, or a few close
@@ -76,7 +77,8 @@ def _figure(times: Sequence[float]) -> float | None:
 @dataclass
 class StepTimes:
     """What quiet answers' real steps showed: a plain step's seconds (`plain`), what n positions cost over
-    one (`shape`, n >= 2) and each drafting model's seconds per drafted token (`token`), one figure an answer.
+    one (`shape`, n >= 2) and each drafting model's drafted token over one position (`token`), one figure an
+    answer.
     `curve(prior)` is the prior (a calibration) corrected by them."""
 
     plain: Seen = field(default_factory=lambda: deque(maxlen=WINDOW))
@@ -87,18 +89,20 @@ class StepTimes:
     def add_answer(self, verify: Mapping[int, Sequence[float]], token: Mapping[str, Sequence[float]],
                    when: float) -> None:
         """One answer's timings (seconds per step by positions; seconds per drafted token by drafter). Its
-        figures for two positions or more count only beside its own plain steps: without them, they could
-        not be told from the moment's."""
+        figures other than one position's count only over its own plain steps: without them, they could not
+        be told from the moment's."""
         figures = {n: figure for n, times in verify.items() if (figure := _figure(times)) is not None}
-        if 1 in figures:
-            self.plain.append((when, figures[1]))
-            for n, seconds in figures.items():
-                if n > 1:
-                    self.shape.setdefault(n, deque(maxlen=WINDOW)).append((when, seconds / figures[1]))
+        self.answers += 1
+        if 1 not in figures:
+            return
+        plain = figures[1]
+        self.plain.append((when, plain))
+        for n, seconds in figures.items():
+            if n > 1:
+                self.shape.setdefault(n, deque(maxlen=WINDOW)).append((when, seconds / plain))
         for name, times in token.items():
             if (figure := _figure(times)) is not None:
-                self.token.setdefault(name, deque(maxlen=WINDOW)).append((when, figure))
-        self.answers += 1
+                self.token.setdefault(name, deque(maxlen=WINDOW)).append((when, figure / plain))
 
     def seen(self) -> dict[int, int]:
         """How many answers gave each size's figure."""
@@ -117,22 +121,25 @@ class StepTimes:
             for n, figure in figures.items():
                 shape[n - 1] = figure
         level = settled(float(points[0]), self.plain)
-        return CostCurve(non_decreasing(level * shape).tolist(), settled(prior.draft_s, self.token.get("draft", deque())),
-                         mtp_s=settled(prior.mtp_s, self.token.get("mtp", deque())), rollback=prior.rollback)
+        draft, mtp = (level * settled(seconds / points[0], self.token.get(name, deque()))
+                      for name, seconds in (("draft", prior.draft_s), ("mtp", prior.mtp_s)))
+        return CostCurve(non_decreasing(level * shape).tolist(), draft, mtp_s=mtp, rollback=prior.rollback)
 
     def to_json(self) -> dict:
         return {"plain": [list(x) for x in self.plain],
                 "shape": {str(n): [list(x) for x in seen] for n, seen in self.shape.items()},
-                "token": {name: [list(x) for x in seen] for name, seen in self.token.items()}, "answers": self.answers}
+                "per_token": {name: [list(x) for x in seen] for name, seen in self.token.items()},
+                "answers": self.answers}
 
     @classmethod
     def from_json(cls, data: dict) -> StepTimes:
-        """What was saved; from a cache of before the shape (figures of n positions in seconds, apart), only
-        the plain steps' figures: the others may hold exactly the compounding this class prevents."""
+        """What was saved; from a cache of before the shape (figures of n positions and of drafted tokens in
+        seconds, apart), only the plain steps' figures: the others may hold exactly the compounding this class
+        prevents."""
         times = cls(answers=int(data.get("answers", 0)))
         plain = data.get("plain", (data.get("verify") or {}).get("1", ()))
         times.plain.extend((float(w), float(s)) for w, s in plain)
-        for table, stored, key in ((times.shape, data.get("shape"), int), (times.token, data.get("token"), str)):
+        for table, stored, key in ((times.shape, data.get("shape"), int), (times.token, data.get("per_token"), str)):
             for name, values in (stored or {}).items():
                 table[key(name)] = deque(((float(w), float(s)) for w, s in values), maxlen=WINDOW)  # type: ignore[index]
         return times

@@ -184,8 +184,9 @@ class PairCosts:
         seen = self.learned.seen()
         lines.append(f"learned from {self.learned.answers} quiet answers: positions "
                      f"{', '.join(f'{n} ({k})' for n, k in sorted(seen.items())) or 'none yet'} (answers that gave each "
-                     f"figure: a plain step's time, and n positions over the same answer's plain steps) correct the "
-                     f"calibration's, the rest of its shape moves with them; within {MOVE:.2f}x of it until "
+                     f"figure: a plain step's time, and n positions over the same answer's plain steps, as a drafted "
+                     f"token is) correct the calibration's, the rest of its shape moves with them; within {MOVE:.2f}x "
+                     f"of it until "
                      f"{AGREE} answers at least {AGREE_S / 60:.0f} minutes apart agree")
         return lines
 

@@ -183,15 +183,34 @@ def test_a_slow_answer_at_one_size_and_a_fast_level_do_not_compound():
     assert curve.verify_s[1] / curve.verify_s[0] == pytest.approx(MOVE * QUIET[1] / QUIET[0], rel=0.01)
 
 
+def test_a_slow_answer_of_drafted_tokens_and_a_fast_level_do_not_compound():
+    """The same for a drafted token: quiet answers that agree put the plain step 12% below a busy calibration,
+    and one answer drafted slowly beside its own plain steps. Learned in seconds, the drafted token rose by MOVE
+    while the plain step fell, and a draft looked 1.4x dearer against a plain step than it is, not MOVE."""
+    calibration = CostCurve([q * 1.12 for q in QUIET], 0.02 * 1.12)
+    times = StepTimes()
+    for when in (0.0, 150.0, AGREE_S):
+        times.add_answer(by_size([step(1, QUIET[0])] * 10), {}, when)
+    times.add_answer(by_size([step(1, QUIET[0])] * 10), {"draft": [0.02 * 1.5] * 5}, AGREE_S + 60.0)
+    curve = times.curve(calibration)
+    assert curve.verify_s[0] == pytest.approx(QUIET[0])
+    assert curve.draft_s / curve.verify_s[0] == pytest.approx(MOVE * 0.02 / QUIET[0])
+    # An answer without plain steps of its own says nothing of a drafted token against one
+    times.add_answer(by_size([step(5, QUIET[4], 4, guesser="draft")] * 5), {"draft": [0.1] * 5}, AGREE_S + 90.0)
+    assert times.curve(calibration).draft_s == pytest.approx(curve.draft_s)
+
+
 def test_figures_saved_before_the_shape_keep_only_the_plain_steps():
-    """A cache from before the shape held n positions in seconds, apart from the plain steps: exactly what
-    compounded. Its plain steps' figures are kept; the others would need their answers' plain steps."""
-    old = {"verify": {"1": [[0.0, 0.04], [400.0, 0.04], [800.0, 0.04]], "2": [[0.0, 0.105]]}, "token": {},
-           "answers": 3}
+    """A cache from before the shape held n positions and drafted tokens in seconds, apart from the plain
+    steps: exactly what compounded. Its plain steps' figures are kept; the others would need their answers'
+    plain steps."""
+    old = {"verify": {"1": [[0.0, 0.04], [400.0, 0.04], [800.0, 0.04]], "2": [[0.0, 0.105]]},
+           "token": {"draft": [[0.0, 0.05], [400.0, 0.05], [800.0, 0.05]]}, "answers": 3}
     times = StepTimes.from_json(old)
-    assert times.seen() == {1: 3}
-    curve = times.curve(CostCurve(QUIET))
+    assert times.seen() == {1: 3} and not times.token
+    curve = times.curve(CostCurve(QUIET, 0.02))
     assert curve.verify_s[1] / curve.verify_s[0] == pytest.approx(QUIET[1] / QUIET[0])
+    assert curve.draft_s / curve.verify_s[0] == pytest.approx(0.02 / QUIET[0])
     assert StepTimes.from_json(times.to_json()).to_json() == times.to_json()
 
 
@@ -421,7 +440,8 @@ def test_a_drafts_catching_up_is_not_counted_as_its_cost_per_token():
     costs = costs_for()
     costs.assume(CostCurve(QUIET, draft_s=0.02))
     for when in (0.0, 150.0, AGREE_S):  # answers that agree: 4 drafted tokens at 15 ms each after a 200 ms catch-up
-        costs.learn([Step((), "", 4, 2, 4 * 0.015 + 0.2, QUIET[4], "draft", 0.0, 0.2)] * 5, when)
+        costs.learn([Step((), "", 4, 2, 4 * 0.015 + 0.2, QUIET[4], "draft", 0.0, 0.2)] * 5 + [step(1, QUIET[0])] * 5,
+                    when)
     assert costs.curve.draft_s == pytest.approx(0.015)
 
 
