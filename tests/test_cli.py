@@ -246,8 +246,13 @@ def test_bench_prints_plain_auto_the_oracle_bound_and_the_modelled_auto(smol_pat
                      "--guesser", "auto", "--repeat", "1", "--max-tokens", "24", "--json", str(report),
                      env={"XDG_CACHE_HOME": str(tmp_path)})
     rows = json.loads(report.read_text())["rewrite"]
-    assert set(rows) == {"plain", "auto", "oracle", "modelled", "modelled_learned"}
+    assert set(rows) == {"plain", "auto", "plain again", "oracle", "modelled", "modelled_learned"}
     assert rows["plain"]["speedup_vs_plain"] == 1.0 and rows["auto"]["tokens_per_s"] > 0
+    # Plain ran a second time beside the first, its ratio this run's own noise, printed with the others'.
+    again = rows["plain again"]
+    assert again["k"] == 0 and again["tokens_per_step"] == 1.0 and again["tokens_per_s"] > 0
+    assert again["speedup_low"] <= again["speedup_vs_plain"] <= again["speedup_high"]
+    assert re.search(r"^rewrite +plain again +0 .* [\d.]+x +[\d.]+-[\d.]+$", result.stdout, re.M), result.stdout
     # The answer repeats the prompt's sentence: a bound that copies it is well above plain (one that
     # never copies, or always pays for a miss, is at or below 1.0x).
     assert rows["oracle"]["speedup_vs_plain"] > 1.1, rows["oracle"]  # 1.29x here

@@ -2,7 +2,10 @@
 
 For each prompt and repeat, plain decoding and every chosen guesser run back to back, so
 that machine noise hits them alike; speedups are ratios within the same repeat, and the
-reported figures are medians over repeats.
+reported figures are medians over repeats. Plain decoding runs again after the guessers: its
+ratio to the first plain run is what the machine's own noise does to a ratio in this run, the
+yardstick for every other (a guesser 3% behind plain means nothing where plain is 5% behind
+itself).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     service = open_local(choice, fresh_costs=True)
     target = service.target
     curve = service.pair.curve().copy()  # as measured: the live one learns from the runs below
-    guessers = {"plain": "none", **{name: name for name in args.guesser}}
+    guessers = {"plain": "none", **{name: name for name in args.guesser}, AGAIN: "none"}
     answers: dict[str, list[Answer]] = defaultdict(list)  # task -> plain's answers, for the modelled figures
     # runs[task][guesser][repeat] -> list of Stats over that task's prompts
     runs: dict[str, dict[str, list[list[Stats]]]] = defaultdict(
@@ -74,6 +77,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
 
 
 CURVE_AT = (2, 4, 8, 16)
+AGAIN = "plain again"
 
 
 def _shape(curve: CostCurve) -> str:
@@ -118,7 +122,9 @@ def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, l
                 "formula_tokens_per_step": tokens_per_step_formula(total.alpha, k),
                 "k": k,
                 "tokens_per_s": statistics.median(tps),
-                "speedup_vs_plain": statistics.median(t / p for t, p in zip(tps, plain_tps)),
+                "speedup_vs_plain": statistics.median(ratios := [t / p for t, p in zip(tps, plain_tps)]),
+                "speedup_low": min(ratios),
+                "speedup_high": max(ratios),
             }
     for task, rows in modelled.items():
         plain_s, oracle_s, auto_s = (sum(column) for column in zip(*rows))
@@ -137,22 +143,22 @@ def _tps(stats: list[Stats]) -> float:
 
 
 def _print_bench(report: dict[str, dict[str, dict[str, float]]], target: str, repeat: int) -> None:
-    print(f"target {target}; medians of {repeat} side-by-side runs")
-    print(f"{'task':10}{'guesser':9}{'k':>4}{'acceptance':>12}{'alpha':>7}{'tok/step':>10}{'formula':>9}{'tok/s':>8}{'speedup':>9}")
+    print(f"target {target}; medians of {repeat} side-by-side runs, and the lowest and highest of them; "
+          f"'{AGAIN}' is plain against itself, this run's noise")
+    columns = f"{'guesser':12}{'k':>4}{'acceptance':>12}{'alpha':>7}{'tok/step':>10}{'formula':>9}{'tok/s':>8}"
+    print(f"{'task':10}{columns}{'speedup':>9}{'runs':>12}")
     for task, rows in report.items():
         for name, r in rows.items():
-            if name == "oracle":
-                print(f"{task:10}{'oracle bound (any copy or the draft, by the cost curve)':57}{r['speedup_vs_plain']:>8.2f}x")
-                continue
+            label = {"oracle": "oracle bound (any copy or the draft, by the cost curve)",
+                     "modelled_learned": "auto modelled on the curve the answers taught by the end"}.get(name)
             if name == "modelled":
                 share = r["share_of_oracle_gain"]
-                label = "auto modelled (same text and curve" + (f": {share:.0%} of the bound's gain)" if share is not None
-                                                                 else ")")
-                print(f"{task:10}{label:57}{r['speedup_vs_plain']:>8.2f}x")
-                continue
-            if name == "modelled_learned":
-                print(f"{task:10}{'auto modelled on the curve the answers taught by the end':57}"
-                      f"{r['speedup_vs_plain']:>8.2f}x")
-                continue
-            print(f"{task:10}{name:9}{r['k']:>4}{r['acceptance']:>12.3f}{r['alpha']:>7.3f}{r['tokens_per_step']:>10.2f}"
-                  f"{r['formula_tokens_per_step']:>9.2f}{r['tokens_per_s']:>8.1f}{r['speedup_vs_plain']:>8.2f}x")
+                label = "auto modelled (same text and curve" + (f": {share:.0%} of the bound's gain)"
+                                                                if share is not None else ")")
+            if label is None:
+                label = (f"{name:12}{r['k']:>4}{r['acceptance']:>12.3f}{r['alpha']:>7.3f}{r['tokens_per_step']:>10.2f}"
+                         f"{r['formula_tokens_per_step']:>9.2f}{r['tokens_per_s']:>8.1f}")
+                spread = f"{r['speedup_low']:.2f}-{r['speedup_high']:.2f}"
+            else:
+                spread = ""
+            print(f"{task:10}{label:{len(columns)}}{r['speedup_vs_plain']:>8.2f}x{spread:>12}".rstrip())
