@@ -78,8 +78,7 @@ def _figure(times: Sequence[float]) -> float | None:
 class StepTimes:
     """What quiet answers' real steps showed: a plain step's seconds (`plain`), what n positions cost over
     one (`shape`, n >= 2) and each drafting model's drafted token over one position (`token`), one figure an
-    answer.
-    `curve(prior)` is the prior (a calibration) corrected by them."""
+    answer. `curve(prior)` is the prior (a calibration) corrected by them."""
 
     plain: Seen = field(default_factory=lambda: deque(maxlen=WINDOW))
     shape: dict[int, Seen] = field(default_factory=dict)

@@ -186,8 +186,7 @@ class PairCosts:
                      f"{', '.join(f'{n} ({k})' for n, k in sorted(seen.items())) or 'none yet'} (answers that gave each "
                      f"figure: a plain step's time, and n positions over the same answer's plain steps, as a drafted "
                      f"token is) correct the calibration's, the rest of its shape moves with them; within {MOVE:.2f}x "
-                     f"of it until "
-                     f"{AGREE} answers at least {AGREE_S / 60:.0f} minutes apart agree")
+                     f"of it until {AGREE} answers at least {AGREE_S / 60:.0f} minutes apart agree")
         return lines
 
 
