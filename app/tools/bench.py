@@ -21,15 +21,14 @@ from specchat.decoding.events import Stats
 from specchat.decoding.guessers import build
 from specchat.decoding.policy import CostCurve
 from specchat.errors import SpecchatError
-from specchat.llama.model import Model
 from specchat.llama.template import Message
 from specchat.service.choices import ModelChoice
 from specchat.service.local import open_local
-from specchat.tools.judging import auto_for
+from specchat.tools.judging import Judged, judge
 from specchat.tools.promptsets import load_prompts
 from specchat.tools.reading import recorded
 from specchat.tools.recorded import Answer
-from specchat.tools.replay import oracle, replay, tokens_per_step_formula
+from specchat.tools.replay import tokens_per_step_formula
 
 
 def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationConfig) -> int:
@@ -62,11 +61,11 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     draft_lengths = {label: config.draft_length if config.draft_length is not None else
                      build(name, service.inputs(costs=True)).default_draft_length for label, name in guessers.items()}
     # Live auto decides by the live curve, which the answers above corrected as they ran: its choices are
-    # modelled on the measurement it started from, and on the curve it ended on, which brackets them.
+    # modelled, as `bench/corpus` judges recorded answers, on the measurement it started from and on the curve it
+    # ended on, which brackets them.
     learned = service.pair.curve().copy()
-    modelled = {task: [_modelled(answer, curve, target) for answer in plains] for task, plains in answers.items()}
-    relearned = {task: [(_plain_s(answer, learned), _auto_s(answer, learned, target)) for answer in plains]
-                 for task, plains in answers.items()}
+    modelled = {task: judge(plains, curve, piece=target.piece) for task, plains in answers.items()}
+    relearned = {task: judge(plains, learned, bound=False, piece=target.piece) for task, plains in answers.items()}
     report = _report(runs, modelled, relearned, draft_lengths)
     _print_bench(report, target.name, args.repeat)
     print(f"cost curve, in plain steps at {', '.join(map(str, CURVE_AT))} positions: measured at the start "
@@ -84,24 +83,7 @@ def _shape(curve: CostCurve) -> str:
     return ", ".join(f"{float(curve.verify(n) / curve.verify(1)):.2f}" for n in CURVE_AT)
 
 
-def _modelled(answer: Answer, curve: CostCurve, target: Model) -> tuple[float, float, float]:
-    """Plain decoding, the oracle bound and auto on plain's answer, in seconds by the curve, as `bench/corpus`
-    judges a recorded answer: auto built as a fresh conversation builds it (the recorded draft, the target's
-    token bytes) and replayed at the curve's costs, its choices judged without timing noise; the oracle with
-    the draft too where one was recorded."""
-    return _plain_s(answer, curve), oracle(answer, curve), _auto_s(answer, curve, target)
-
-
-def _plain_s(answer: Answer, curve: CostCurve) -> float:
-    return float(curve.verify(1)) * len(answer.answer)
-
-
-def _auto_s(answer: Answer, curve: CostCurve, target: Model) -> float:
-    return replay(answer, curve, auto_for(answer, curve.copy(), piece=target.piece))[0]
-
-
-def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, list[tuple[float, float, float]]],
-            relearned: dict[str, list[tuple[float, float]]],
+def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, Judged], relearned: dict[str, Judged],
             draft_lengths: dict[str, int]) -> dict[str, dict[str, dict[str, float]]]:
     """Per task and guesser: acceptance, tokens per step against the formula, and medians of tok/s and of the
     speedup within each repeat; then the oracle bound and the modelled auto on plain's text, on the curve
@@ -126,14 +108,10 @@ def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, l
                 "speedup_low": min(ratios),
                 "speedup_high": max(ratios),
             }
-    for task, rows in modelled.items():
-        plain_s, oracle_s, auto_s = (sum(column) for column in zip(*rows))
-        report[task]["oracle"] = {"speedup_vs_plain": plain_s / oracle_s}
-        gain = plain_s / oracle_s - 1  # the oracle's gain over plain decoding: what auto's is a share of
-        report[task]["modelled"] = {"speedup_vs_plain": plain_s / auto_s,
-                                    "share_of_oracle_gain": (plain_s / auto_s - 1) / gain if gain > 1e-9 else None}
-        plain_s, auto_s = (sum(column) for column in zip(*relearned[task]))
-        report[task]["modelled_learned"] = {"speedup_vs_plain": plain_s / auto_s}
+    for task, judged in modelled.items():
+        report[task]["oracle"] = {"speedup_vs_plain": judged.bound}
+        report[task]["modelled"] = {"speedup_vs_plain": judged.auto, "share_of_oracle_gain": judged.share}
+        report[task]["modelled_learned"] = {"speedup_vs_plain": relearned[task].auto}
     return report
 
 

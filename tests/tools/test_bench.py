@@ -1,5 +1,6 @@
-"""`specchat bench`'s figures that are computed, not timed (specchat.tools.bench): plain's answer judged as
-`bench/corpus` judges a recorded one. The timed run is in tests/test_cli.py."""
+"""`specchat bench`'s figures that are computed, not timed: plain's answer recorded as `bench/corpus` records one
+(specchat.tools.reading) and judged by the same function (specchat.tools.judging.judge). The timed run is in
+tests/test_cli.py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from fakes.model import ScriptedModel
 
 from specchat.decoding.policy import CostCurve
-from specchat.tools.bench import _modelled
+from specchat.tools.judging import judge
 from specchat.tools.reading import recorded
 from specchat.tools.recorded import Answer
 from specchat.tools.replay import lookup_copy, oracle
@@ -16,11 +17,17 @@ FLAT = CostCurve([1.0 + 0.02 * n for n in range(16)], 0.1)
 PROMPT = tuple(range(1, 21))
 
 
+def modelled(answer: Answer) -> tuple[float, float, float]:
+    """Plain decoding, the oracle bound and auto on the answer, in seconds by FLAT, as `bench` judges plain's."""
+    judged = judge([answer], FLAT, piece=ScriptedModel(vocab=9).piece)
+    return judged.plain_s, judged.oracle_s, judged.auto_s
+
+
 def test_bench_bounds_plains_answer_by_the_oracle_the_corpus_quotes():
     # The answer copies the prompt's middle after a token it never had: the oracle copies from the best
     # earlier place with hindsight, its first token too, where prompt lookup's own copy starts a token late.
     answer = Answer("edit", "fit", 0.0, PROMPT, (99, *PROMPT[7:]))
-    plain, bound, auto = _modelled(answer, FLAT, ScriptedModel(vocab=9))
+    plain, bound, auto = modelled(answer)
     assert plain == pytest.approx(14 * float(FLAT.verify(1)))
     assert bound == oracle(answer, FLAT) and bound < oracle(answer, FLAT, copies=lookup_copy)
     assert bound <= auto < plain  # auto, replayed, copies the passage too, from where lookup can find it
@@ -40,6 +47,6 @@ def test_the_modelled_auto_drafts_as_the_live_one_does():
     # Nothing earlier to copy from, and a draft that guesses every token: only drafting can beat plain decoding.
     answer = Answer("open", "fit", 0.0, PROMPT, tuple(range(30, 70)), draft_guess=tuple(range(30, 70)),
                     draft_p=(0.99,) * 40)
-    plain, bound, auto = _modelled(answer, FLAT, ScriptedModel(vocab=9))
+    plain, bound, auto = modelled(answer)
     assert bound == oracle(answer, FLAT) < oracle(answer, FLAT, draft=False) == plain  # the bound drafts too
     assert auto < 0.8 * plain  # and so does auto, replayed
