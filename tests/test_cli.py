@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from commands import REPO, assert_clean_error, specchat
+from commands import REPO, assert_clean_error, specchat, with_costs
 
 
 def test_missing_model_file(tmp_path):
@@ -105,7 +105,8 @@ def test_a_plain_answer_of_any_length_shows_plain_speed(smol_path, tmp_path, pro
     0.94x for a 17-token answer, the step that produced the end-of-generation token counted as a step and
     not as a token. An answer that guessed nothing is plain decoding, however short, and ended either way."""
     result = specchat("generate", prompt, "--target", str(smol_path), "--guesser", "none", "--temp", "0",
-                      "--max-tokens", str(max_tokens), env={"XDG_CACHE_HOME": str(tmp_path)})
+                      "--max-tokens", str(max_tokens),
+                      env={"XDG_CACHE_HOME": str(with_costs(tmp_path, "--target", str(smol_path)))})
     assert result.returncode == 0, result.stderr
     line = result.stderr.strip().splitlines()[-1]
     assert " 1.00 tokens/step" in line and ("stop: eog" in line) == (max_tokens == 40), line
@@ -119,7 +120,7 @@ def test_the_same_seed_gives_the_same_text_in_a_fresh_process(guesser, smol_path
     follow wall-clock timings and draw from the random stream differently), repeats its answer."""
     args = ("generate", "Write a short poem about the sea.", "--target", str(smol_path), "--draft", str(smol_path),
             "--guesser", guesser, "--temp", "1.0", "--max-tokens", "60")
-    env = {"XDG_CACHE_HOME": str(tmp_path)}  # the first run measures the cost curve, the others read it
+    env = {"XDG_CACHE_HOME": str(with_costs(tmp_path, "--target", str(smol_path), "--draft", str(smol_path)))}
     first, again, other = (specchat(*args, "--seed", seed, env=env) for seed in ("7", "7", "8"))
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() and first.stdout == again.stdout
@@ -225,7 +226,8 @@ def test_measure_reports_lookup_hits_by_match_length(smol_path, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"task": "rewrite", "prompt": "Repeat exactly: the cat sat on the mat, the cat sat on the mat."}\n')
     result = specchat("measure", "--target", str(smol_path), "--draft", str(smol_path), "--prompts", str(prompts),
-                      "--max-tokens", "24", env={"XDG_CACHE_HOME": str(tmp_path)})
+                      "--max-tokens", "24",
+                      env={"XDG_CACHE_HOME": str(with_costs(tmp_path, "--target", str(smol_path), "--draft", str(smol_path)))})
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     header = lines.index("lookup hit rate by match length (the longest earlier match, cap 32, its latest occurrence)")

@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from commands import with_costs
 from scipy.stats import chisquare
 from tempered import Tempered
 
@@ -204,6 +205,10 @@ def test_prompt_longer_than_context_is_a_clear_error(smol_path):
     model.close()
 
 
+def _pair(smol_path) -> tuple[str, ...]:  # the pair _backend loads, as the command line names it
+    return "--target", str(smol_path), "--draft", str(smol_path)
+
+
 def _backend(smol_path, n_ctx: int):
     from specchat.service.choices import ModelChoice
     from specchat.service.local import LocalBackend
@@ -216,7 +221,7 @@ def _backend(smol_path, n_ctx: int):
 def test_overflowing_conversation_drops_the_oldest_turns_and_says_so(smol_path, tmp_path, monkeypatch):
     from specchat.service.events import Notice
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(with_costs(tmp_path, *_pair(smol_path))))
     backend = _backend(smol_path, n_ctx=512)
     long_turn = "Tell me about the sea. " * 20  # about 120 tokens a turn
     history = [Message("system", "Be brief.")]
@@ -238,7 +243,7 @@ def test_overflowing_conversation_drops_the_oldest_turns_and_says_so(smol_path, 
 def test_one_message_longer_than_the_context_is_a_clear_error(smol_path, tmp_path, monkeypatch):
     from specchat.errors import SpecchatError
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(with_costs(tmp_path, *_pair(smol_path))))
     backend = _backend(smol_path, n_ctx=256)
     with pytest.raises(SpecchatError, match="context holds 256"):
         list(backend.chat([Message("user", "word " * 400)], GenerationConfig(max_tokens=8), "none",
@@ -269,7 +274,7 @@ def test_a_closed_backend_answers_nothing_and_says_so(smol_path, tmp_path, monke
 
     with pytest.raises(SpecchatError, match="the models are not loaded yet"):
         list(LocalBackend(ModelChoice()).chat([Message("user", "hi")], GenerationConfig(), "none", threading.Event()))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(with_costs(tmp_path, *_pair(smol_path))))
     backend = _backend(smol_path, n_ctx=256)
     assert backend.count_tokens("hello there") > 0
     backend.close()

@@ -12,9 +12,10 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from commands import REPO, assert_clean_error, specchat
+from commands import REPO, assert_clean_error, specchat, with_costs
 from mcp_notes import NOTE, SCRIPT
 
 pytestmark = pytest.mark.real
@@ -40,10 +41,11 @@ def test_generate_calls_the_tool_and_quotes_its_result_by_lookup(qwen_paths, tmp
     # (--system "": none given) it quotes.
     # Lookup, not auto: auto's choices follow this machine's timings (3 runs in 7 stayed under 1.5 tokens a step),
     # while lookup's copies of the result depend on the text alone.
+    env = _configure(tmp_path)
+    with_costs(Path(env["XDG_CACHE_HOME"]), "--target", str(target), "--draft", str(draft))
     result = specchat("generate", PROMPT, "--system", "", "--tools", "--allow-tools", "--tool-choice", "read_note",
                       "--guesser", "lookup", "--tool-rounds", "1", "--target", str(target), "--draft", str(draft),
-                      "--temp", "0", "--max-tokens", "120",
-                      env=_configure(tmp_path))
+                      "--temp", "0", "--max-tokens", "120", env=env)
     assert result.returncode == 0, result.stderr
     assert re.search(r"^specchat: tool read_note\(\{.*\"name\": \"launch\".*\}\) -> \d+ bytes$", result.stderr, re.M), \
         result.stderr

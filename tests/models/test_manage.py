@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from commands import REPO
+from commands import REPO, with_costs
 
 from specchat.errors import SpecchatError
 from specchat.models.fetch import models_dir
@@ -70,6 +70,7 @@ def test_add_a_file_find_its_drafts_pair_it_and_generate_with_the_pair(home, tmp
     assert "no: token 0 is '!' in the target but '<|endoftext|>' in the draft" in lines[name]
     assert drafts.stdout.splitlines()[1].split()[0] == "qwen2.5-coder-0.5b-instruct"  # compatible ones first
 
+    with_costs(Path(home["XDG_CACHE_HOME"]), "--target", str(qwen_paths[0]), "--draft", str(qwen_paths[1]))
     paired = specchat(home, "pair", "my-coder", TARGET)
     assert paired.returncode == 0, paired.stderr
     assert "qwen2.5-coder-0.5b-instruct drafts: the smallest compatible model on disk" in paired.stdout
