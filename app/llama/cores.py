@@ -5,7 +5,9 @@ core with another program holds all the others up: on a 2-core AMD EPYC with one
 1.5B default model decoded at 5.7 tok/s with 2 threads and 9.7 with 1 (2026-12-05; `bench/threads`).
 A model loaded without a thread count of its own is fitted while it decodes: every half second a decode
 reads what other programs took of the CPU (Linux's /proc/stat, less this process's own time) and
-gives llama.cpp the cores they left, never fewer than one. A model given a thread count keeps it.
+gives llama.cpp the cores they left, never fewer than one. While it has given a core up, and after any
+change, it reads every tenth of a second instead: slow to give a core up (a half-second of load), quick to
+take it back. A model given a thread count keeps it.
 llama.cpp's CPU kernels split work by rows, so the thread count changes no logit (tests/llama/test_cores.py).
 """
 
@@ -18,6 +20,11 @@ from typing import Protocol
 
 PROC_STAT = "/proc/stat"  # Linux's CPU time counters (a test points this at a file of its own)
 WINDOW_S = 0.5  # long enough to average over the scheduler's slices, short next to an answer
+# While fewer threads run than may, or just after a change or a new start: the next reading comes sooner. Once
+# another program stops, the next answer got its core back only after a whole window that still held the
+# load, a second at one thread: its first answer ran at 0.91-0.94x of plain (bench/busy --moment answer,
+# 2026-12-07). A tenth of a second is still ten of the kernel's ticks a core, enough to tell a busy core.
+RECHECK_S = 0.1
 STALE_S = 5.0  # a reading older than this is of another moment: start again from every core
 
 
@@ -62,6 +69,7 @@ class Fitted(Protocol):
     """A llama.cpp context whose threads follow the free cores (Model)."""
 
     n_threads: int  # the most it may use: every core, by default
+    threads: int  # what it uses now
 
     def use_threads(self, n: int) -> None: ...
 
@@ -74,11 +82,12 @@ class _Fitter:
         self._mark: Mark | None = None  # at the window's start
         self.others = 0.0  # what other programs took in the last window, in cores
         self.windows = 0  # windows measured so far
+        self._window = RECHECK_S  # how long the open window runs
 
     def refit(self) -> None:
         """Called at every decode: cheap (a clock read) but once a window."""
         now = time.monotonic()
-        if self._mark is not None and now - self._mark[0] < WINDOW_S:
+        if self._mark is not None and now - self._mark[0] < self._window:
             return
         here = mark()
         if here[1] is None:
@@ -89,13 +98,19 @@ class _Fitter:
             self.others = others_between(self._mark, here) or 0.0
             self.windows += 1
             cores = os.cpu_count() or 1
+            changed = False
             for context in list(self.contexts):
-                context.use_threads(threads_for(cores, self.others, context.n_threads))
+                fit = threads_for(cores, self.others, context.n_threads)
+                changed |= fit != context.threads
+                context.use_threads(fit)
+            short = changed or any(c.threads < c.n_threads for c in self.contexts)
+            self._window = RECHECK_S if short else WINDOW_S
         self._mark = here
 
     def reset(self) -> None:
-        """Every context back to all its threads, and no window open (a calibration measures with all of them)."""
-        self._mark, self.others = None, 0.0
+        """Every context back to all its threads, and no window open (a calibration measures with all of them);
+        the first window after it is short."""
+        self._mark, self.others, self._window = None, 0.0, RECHECK_S
         for context in list(self.contexts):
             context.use_threads(context.n_threads)
 

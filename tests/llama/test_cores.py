@@ -39,8 +39,10 @@ class Context:
 
 def test_the_fitter_measures_each_window_and_starts_again_after_a_pause(tmp_path, monkeypatch):
     """Other programs' share of the CPU is the machine's busy time less this process's own, over a window:
-    one core taken of two leaves one thread; quiet again, every thread; a reading older than a pause is
-    not used, and the contexts go back to every thread until a new window is measured."""
+    one core taken of two leaves one thread; quiet again, every thread. A core is given up after a
+    half-second window and taken back after a tenth of a second: a window is short while a thread is
+    given up, just after a change, and at a start. A reading older than a pause is not used, and the
+    contexts go back to every thread until a new window is measured."""
     stat, tick = tmp_path / "stat", os.sysconf("SC_CLK_TCK")
     clock, own = [100.0], [10.0]
     monkeypatch.setattr(cores, "PROC_STAT", str(stat))
@@ -55,20 +57,33 @@ def test_the_fitter_measures_each_window_and_starts_again_after_a_pause(tmp_path
         stat.write_text(f"cpu  {round(busy_s * tick)} 0 0 999999 0 0 0 0 0 0\n")
         fitter.refit()
 
-    at(100.0, 1000.0, 10.0)  # the first window opens
-    at(101.0, 1003.0, 12.0)  # 3 s busy, 2 of them ours: one core taken
+    # (Times in eighths of a second: sums a float gives exactly.)
+    at(100.0, 1000.0, 10.0)  # the first window opens: a short one
+    at(100.125, 1000.25, 10.25)  # all of it ours: every thread, and the next window a long one
+    assert (two.threads, one.threads, fitter.others, fitter.windows) == (2, 1, pytest.approx(0.0, abs=1e-9), 1)
+    at(100.375, 1000.75, 10.375)  # within the long window: not read, however busy
+    assert (two.threads, fitter.windows) == (2, 1)
+    at(100.625, 1001.25, 10.75)  # 1 s busy in half a second, half of it ours: one core taken
     assert (two.threads, one.threads, fitter.others) == (1, 1, pytest.approx(1.0))
-    at(101.2, 1009.0, 12.0)  # within the window: not read (6 s of others in 0.2 s would be nonsense)
-    assert two.threads == 1
-    at(102.0, 1004.6, 13.6)  # all of it ours
+    at(100.75, 1001.5, 10.875)  # an eighth of a second later, read: still taken
+    assert (two.threads, fitter.others, fitter.windows) == (1, pytest.approx(1.0), 3)
+    at(100.8125, 1009.0, 10.875)  # within the short window: not read (130 s of others in 0.06 s would be nonsense)
+    assert (two.threads, fitter.windows) == (1, 3)
+    at(100.875, 1001.75, 11.125)  # all of it ours: the core back, and a short window to see that it stays free
     assert (two.threads, fitter.others) == (2, pytest.approx(0.0, abs=1e-9))
-    two.threads = 1
-    at(120.0, 1100.0, 14.0)  # after a pause: a new window, every thread meanwhile
+    at(101.0, 1002.0, 11.25)  # it did not
+    assert (two.threads, fitter.others) == (1, pytest.approx(1.0))
+    at(101.125, 1002.25, 11.5)  # free again, and it stays so: a long window again
+    at(101.25, 1002.5, 11.75)
+    assert (two.threads, fitter.windows) == (2, 7)
+    at(120.0, 1100.0, 14.0)  # after a pause: a new window, every thread meanwhile, and a short one
     assert (two.threads, one.threads) == (2, 1)
+    at(120.125, 1100.25, 14.125)
+    assert (two.threads, fitter.others) == (1, pytest.approx(1.0))
     stat.write_text("not the kernel's counters\n")
     clock[0] = 121.0
     fitter.refit()  # unreadable: nothing changes
-    assert (two.threads, fitter.others) == (2, pytest.approx(0.0, abs=1e-9))
+    assert (two.threads, fitter.others) == (1, pytest.approx(1.0))
 
 
 def _burner() -> subprocess.Popen:
