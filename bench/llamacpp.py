@@ -1,9 +1,10 @@
 """llama.cpp's own programs, built from the sources vendored in the llama-cpp-python sdist that
 specchat runs on (the same llama.cpp, so comparisons are fair), into the user cache dir. No
-binaries are committed. Used by bench/compare and bench/servers; not part of the package."""
+binaries are committed. Used by bench/compare, bench/servers and bench/lookup_gap; not part of the package."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tarfile
@@ -47,3 +48,13 @@ def amx_flags() -> list[str]:
     except OSError:
         amx = False
     return ["--no-repack"] if amx else []
+
+
+def tool_speed(cmd: list[str]) -> float:
+    """The decode speed (tokens/s) a llama.cpp example program (llama-lookup, llama-speculative-simple) prints."""
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    text = out.stdout + out.stderr
+    match = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s", text)
+    if not match:
+        raise RuntimeError(f"no speed in the output of {cmd[0]}:\n{text[-2000:]}")
+    return float(match.group(1))
