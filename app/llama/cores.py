@@ -22,7 +22,7 @@ PROC_STAT = "/proc/stat"  # Linux's CPU time counters (a test points this at a f
 WINDOW_S = 0.5  # long enough to average over the scheduler's slices, short next to an answer
 # While fewer threads run than may, or just after a change or a new start: the next reading comes sooner. Once
 # another program stops, the next answer got its core back only after a whole window that still held the
-# load, a second at one thread: its first answer ran at 0.91-0.94x of plain (bench/busy --moment answer,
+# load, up to a second at one thread: its first answer ran at 0.91-0.94x of plain (bench/busy --moment answer,
 # 2026-12-07). A tenth of a second is still ten of the kernel's ticks a core, enough to tell a busy core.
 RECHECK_S = 0.1
 STALE_S = 5.0  # a reading older than this is of another moment: start again from every core
