@@ -98,12 +98,11 @@ class _Fitter:
             self.others = others_between(self._mark, here) or 0.0
             self.windows += 1
             cores = os.cpu_count() or 1
-            changed = False
+            short = False  # a change, or a thread given up: the next reading comes sooner
             for context in list(self.contexts):
                 fit = threads_for(cores, self.others, context.n_threads)
-                changed |= fit != context.threads
+                short |= fit != context.threads or fit < context.n_threads
                 context.use_threads(fit)
-            short = changed or any(c.threads < c.n_threads for c in self.contexts)
             self._window = RECHECK_S if short else WINDOW_S
         self._mark = here
 
