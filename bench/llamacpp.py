@@ -50,6 +50,12 @@ def amx_flags() -> list[str]:
     return ["--no-repack"] if amx else []
 
 
+def example_args(threads: int, max_tokens: int) -> list[str]:
+    """What every run of a llama.cpp example program (llama-lookup, llama-speculative-simple) gets here, as specchat
+    runs: the threads, the tokens, greedy, specchat's 4096-token context, and no repacking where the CPU has AMX."""
+    return ["-t", str(threads), "-n", str(max_tokens), "--temp", "0", "-c", "4096", *amx_flags()]
+
+
 def tool_speed(cmd: list[str]) -> float:
     """The decode speed (tokens/s) a llama.cpp example program (llama-lookup, llama-speculative-simple) prints."""
     out = subprocess.run(cmd, capture_output=True, text=True)
