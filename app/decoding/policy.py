@@ -109,11 +109,13 @@ def best_length(alphas: np.ndarray, cost: CostCurve, draft_s: float,
                 max_loss: float = float("inf"), setup_s: float = 0.0) -> tuple[int, float]:
     """How many of the offered guesses (0..len(alphas)) to send, and the expected tokens per second
     then, when guess j is accepted with probability alphas[j] given that those before it were. Only
-    lengths whose worst case (every guess rejected) costs at most `max_loss` more than a plain step."""
+    lengths that the loss budget lets a step risk, where `max_loss` is the step's allowance (`affordable`)."""
     alphas = np.asarray(alphas, dtype=np.float64)
     tokens = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(alphas))])
     rate = tokens / cost.step_s(alphas, draft_s, setup_s)
-    rate[cost.worst_loss(len(alphas), draft_s, setup_s) > max_loss] = -np.inf  # length 0 loses nothing: always allowed
+    first = float(alphas[0]) if len(alphas) else 0.0
+    # (length 0 loses nothing: always affordable)
+    rate[~affordable(cost.worst_loss(len(alphas), draft_s, setup_s), first, max_loss, cost)] = -np.inf
     best = int(rate.argmax())
     return best, float(rate[best])
 
@@ -155,10 +157,11 @@ def tree_tokens(branches: Sequence[np.ndarray]) -> float:
 
 def tree_rate(branches: Sequence[np.ndarray], cost: CostCurve, max_loss: float = float("inf")) -> float:
     """Expected tokens per second of verifying these branches as one tree (see tree_tokens): one step over
-    all their nodes. -inf where its worst case (every guess rejected) costs more than `max_loss` beyond a
-    plain step."""
+    all their nodes. -inf where the loss budget does not let a step risk it, `max_loss` being the step's
+    allowance (`affordable`; the branches' first tokens differ, so their chances add up)."""
     nodes = sum(len(alphas) for alphas in branches)
-    if float(cost.worst_loss(nodes, 0.0)[-1]) > max_loss:
+    first = min(1.0, sum(float(alphas[0]) for alphas in branches))
+    if not affordable(cost.worst_loss(nodes, 0.0)[-1:], first, max_loss, cost)[0]:
         return -np.inf
     return tree_tokens(branches) / float(cost.verify(1 + nodes))
 
@@ -343,13 +346,19 @@ class MatchAcceptance:
             estimate.relax()
 
 
-# The loss budget: what auto may lose, at worst, against plain decoding. An answer's account opens with
-# START_STEPS plain steps of room (at least one wrong single guess, so that guessing can begin) and earns
-# LOSS_BUDGET of every token's plain cost on top of what its guesses gained; a guess whose every token could
-# be rejected is sent only if that worst case fits. So an N-token answer whose every guess failed ends within
-# LOSS_BUDGET + START_STEPS / N of plain decoding: 5% at 20 tokens.
+# The loss budget: what auto may lose against plain decoding. An answer's account opens with START_STEPS plain
+# steps of room (at least one wrong single guess, so that guessing can begin) and earns LOSS_BUDGET of every
+# token's plain cost on top of what its guesses gained. A step's worst case (every guess rejected) happens only
+# when its first guess is rejected, so the budget weighs it by that chance, MISS_MARGIN times over (the estimate
+# may be that many times too sure), and no step may overrun the allowance by more than the room an answer opens
+# with (`affordable`). Counting every worst case in full instead held sure copies back after a single miss: on
+# a 2-core EPYC a 120-token edit then sent nothing for 26 steps of copies estimated at 0.93-0.96 to hold.
+# An N-token answer whose every guess failed ends within LOSS_BUDGET plus twice the opening room over N of
+# plain decoding (one overrun, after which the account allows nothing until it has earned its way back); one
+# whose guesses failed only as often as estimated, within about LOSS_BUDGET + START_STEPS / N: 5% at 20 tokens.
 LOSS_BUDGET = 0.02
 START_STEPS = 20 * (0.05 - LOSS_BUDGET)
+MISS_MARGIN = 4.0
 
 
 def opening_s(cost: CostCurve) -> float:
@@ -359,12 +368,21 @@ def opening_s(cost: CostCurve) -> float:
     return max(START_STEPS * float(cost.verify(1)), cost.spent_s(1, 0, 0.0) - float(cost.verify(1)))
 
 
+def affordable(worst: np.ndarray, first: float, allow: float, cost: CostCurve) -> np.ndarray:
+    """Which of these worst cases (seconds beyond a plain step) a step may risk with `allow` left in its
+    account, where its first guess holds with chance `first`: the worst case, weighed by MISS_MARGIN times
+    the chance of that miss, fits the allowance, and the worst case itself overruns it by no more than the
+    room an answer opens with."""
+    weighed = worst * min(1.0, MISS_MARGIN * (1.0 - first))
+    return (weighed <= allow) & (worst <= allow + opening_s(cost))
+
+
 @dataclass
 class LossAccount:
     """Seconds that guessing has gained over plain decoding (negative: lost), for one answer and for the
-    whole conversation. Whatever the acceptance estimates say, a guess is sent only if its worst case
-    keeps both accounts above minus their budget, so no answer can end more than about LOSS_BUDGET slower
-    than plain decoding; once guesses have paid, the gain itself is what further guesses may risk."""
+    whole conversation. A guess is sent only if the lower of their allowances can afford it (`affordable`), so
+    no answer can end more than about LOSS_BUDGET slower than plain decoding, and one overrun of the room it
+    opens with at worst; once guesses have paid, the gain itself is what further guesses may risk."""
 
     gained: float = 0.0  # this answer
     plain: float = 0.0  # what plain decoding would have spent on this answer's tokens

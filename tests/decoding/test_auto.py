@@ -146,6 +146,18 @@ def test_best_length_with_a_constant_acceptance_is_best_k():
         assert best_length(np.full(16, alpha), GPU, 0.001) == best_k(alpha, 16, GPU, 0.001)
 
 
+def test_the_budget_weighs_a_worst_case_by_the_chance_of_its_first_miss():
+    """Every guess of a step is rejected only if its first is. So a copy whose first guess is nearly sure may risk
+    more than the allowance, by the room an answer opens with at most; a likelier miss risks its worst case in
+    full. On the CPU curve with 0.02 s allowed: 1 guess costs 0.0161 s at worst, 2 cost 0.0302, 3 cost 0.0444."""
+    allow = 0.02
+    assert allow + opening_s(CPU) < float(CPU.worst_loss(3, 0.0)[-1])
+    sure, likely = np.full(8, 0.96), np.full(8, 0.8)
+    assert best_length(sure, CPU, 0.0)[0] > 2 and best_length(likely, CPU, 0.0)[0] == 2  # unbounded
+    assert best_length(sure, CPU, 0.0, allow)[0] == 2  # 0.16 of its worst case weighed; the overrun caps it at 2
+    assert best_length(likely, CPU, 0.0, allow)[0] == 1  # 0.8 of it: only one guess fits
+
+
 @pytest.mark.parametrize("rollback", [None, Rollback(0.004, 0.006, 1)])
 def test_the_cheap_bound_never_rules_out_a_guess_that_pays(rollback):
     """Auto skips best_length where rate_bound says no length beats a plain step (it is asked every step, and
@@ -173,8 +185,12 @@ def test_a_trees_branches_share_one_chance_at_their_first_token():
     flat, alphas = CostCurve([0.01] * 16), np.array([0.9, 0.8, 0.7])
     assert tree_rate([alphas], flat) == pytest.approx(best_length(alphas, flat, 0.0)[1])  # a lone branch is a chain
     assert tree_rate([sure, sure], CPU) == pytest.approx(3.0 / float(CPU.verify(5)))
-    worst = float(CPU.worst_loss(4, 0.0)[-1])
-    assert tree_rate([sure, sure], CPU, worst) > 0 and tree_rate([sure, sure], CPU, worst * 0.99) == -np.inf
+    # Within the loss budget: a tree whose first position is likely rejected risks its worst case in full; one
+    # whose first surely holds may overrun the allowance by the room an answer opens with, no more.
+    worst, unsure = float(CPU.worst_loss(4, 0.0)[-1]), np.array([0.1, 0.5])
+    assert tree_rate([unsure, unsure], CPU, worst) > 0 and tree_rate([unsure, unsure], CPU, worst * 0.99) == -np.inf
+    overrun = worst - opening_s(CPU)
+    assert tree_rate([sure, sure], CPU, overrun) > 0 and tree_rate([sure, sure], CPU, overrun * 0.99) == -np.inf
 
 
 def test_auto_uses_lookup_when_copying_and_plain_when_nothing_matches():
@@ -458,8 +474,8 @@ def test_the_loss_budget_holds_auto_near_plain_whatever_its_priors(monkeypatch, 
     answer = _adversarial()
     plain = float(curve.verify(1)) * len(answer.answer)
     auto = auto_for(answer, curve)
-    # At worst the budget's share of the answer's plain time is lost, and the room it opens with.
-    floor = plain / (plain + LOSS_BUDGET * plain + opening_s(curve))
+    # At worst the budget's share of the answer's plain time is lost, the room it opens with, and one overrun of it.
+    floor = plain / (plain + LOSS_BUDGET * plain + 2 * opening_s(curve))
     seconds, _ = replay(answer, curve, auto)
     assert plain / seconds >= floor - 1e-9
     assert auto.account.gained < 0  # it did guess, and lost: the floor is the budget's, not plain decoding's
@@ -505,7 +521,7 @@ def test_the_budget_holds_by_the_clock_where_guessing_costs_more_than_the_curve_
     answer, slower, extra = _adversarial(), 1.3, float(curve.verify(1)) / 3
     plain = slower * float(curve.verify(1)) * len(answer.answer)
     auto = auto_for(answer, curve)
-    floor = plain / (plain + LOSS_BUDGET * plain + slower * opening_s(curve))
+    floor = plain / (plain + LOSS_BUDGET * plain + 2 * slower * opening_s(curve))
     seconds = _timed_replay(answer, curve, auto, slower, extra)
     assert auto.account.gained < 0 < auto.account.plain  # it guessed, and lost
     assert plain / seconds >= floor - 1e-9
