@@ -372,9 +372,10 @@ def affordable(worst: np.ndarray, first: float, allow: float, cost: CostCurve) -
     """Which of these worst cases (seconds beyond a plain step) a step may risk with `allow` left in its
     account, where its first guess holds with chance `first`: the worst case, weighed by MISS_MARGIN times
     the chance of that miss, fits the allowance, and the worst case itself overruns it by no more than the
-    room an answer opens with."""
+    room an answer opens with. An empty account risks nothing, however sure the guess: so an answer overruns
+    its allowance once at most before it has earned its way back."""
     weighed = worst * min(1.0, MISS_MARGIN * (1.0 - first))
-    return (weighed <= allow) & (worst <= allow + opening_s(cost))
+    return (worst <= 0) | ((allow > 0) & (weighed <= allow) & (worst <= allow + opening_s(cost)))
 
 
 @dataclass

@@ -156,6 +156,7 @@ def test_the_budget_weighs_a_worst_case_by_the_chance_of_its_first_miss():
     assert best_length(sure, CPU, 0.0)[0] > 2 and best_length(likely, CPU, 0.0)[0] == 2  # unbounded
     assert best_length(sure, CPU, 0.0, allow)[0] == 2  # 0.16 of its worst case weighed; the overrun caps it at 2
     assert best_length(likely, CPU, 0.0, allow)[0] == 1  # 0.8 of it: only one guess fits
+    assert best_length(np.ones(8), CPU, 0.0, 0.0)[0] == 0  # an empty account risks nothing, however sure the guess
 
 
 @pytest.mark.parametrize("rollback", [None, Rollback(0.004, 0.006, 1)])
