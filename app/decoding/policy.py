@@ -358,7 +358,9 @@ class MatchAcceptance:
 # whose guesses failed only as often as estimated, within about LOSS_BUDGET + START_STEPS / N: 5% at 20 tokens.
 LOSS_BUDGET = 0.02
 START_STEPS = 20 * (0.05 - LOSS_BUDGET)
-MISS_MARGIN = 4.0
+# Chosen on the corpus's fit fold (4, 6 and 8 replayed on five curves): 8 kept the gain on edits that 4 gave and
+# held the worst answer 0.01-0.03x higher; the held-out fold agreed (docs/results.md).
+MISS_MARGIN = 8.0
 
 
 def opening_s(cost: CostCurve) -> float:

@@ -154,7 +154,7 @@ def test_the_budget_weighs_a_worst_case_by_the_chance_of_its_first_miss():
     assert allow + opening_s(CPU) < float(CPU.worst_loss(3, 0.0)[-1])
     sure, likely = np.full(8, 0.96), np.full(8, 0.8)
     assert best_length(sure, CPU, 0.0)[0] > 2 and best_length(likely, CPU, 0.0)[0] == 2  # unbounded
-    assert best_length(sure, CPU, 0.0, allow)[0] == 2  # 0.16 of its worst case weighed; the overrun caps it at 2
+    assert best_length(sure, CPU, 0.0, allow)[0] == 2  # 0.04 x MISS_MARGIN of its worst case weighed; the overrun caps it at 2
     assert best_length(likely, CPU, 0.0, allow)[0] == 1  # 0.8 of it: only one guess fits
     assert best_length(np.ones(8), CPU, 0.0, 0.0)[0] == 0  # an empty account risks nothing, however sure the guess
 
