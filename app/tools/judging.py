@@ -4,11 +4,14 @@ as it guessed when the answer was recorded, against plain decoding and the oracl
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, ContextManager, Iterable, Mapping, Sequence
+from unittest import mock
 
 import numpy as np
 
+from specchat.decoding import policy
 from specchat.decoding.guessers import AutoGuesser, BaseGuesser, LookupGuesser, Proposal
 from specchat.decoding.policy import PLACE_SHIFTS, PRIORS, CostCurve, PlaceShift, Priors
 from specchat.decoding.sampling import SamplingConfig
@@ -131,3 +134,22 @@ def fixed_speedups(answers: Sequence[Answer], curve: CostCurve) -> dict[str, flo
             if answers and all(g is not None for g in guessers):
                 found[f"{name} k={k}"] = plain_s / sum(replay(a, curve, g)[0] for a, g in zip(answers, guessers))
     return found
+
+
+# The loss budget's settings that benches replay auto under, by label: what each changes of policy's LOSS_BUDGET,
+# START_STEPS and MISS_MARGIN, the rest as the package has them. "Worst cases in full" is the budget before
+# 2026-12-07, which counted every guess's worst case whatever the chance of its first miss.
+BUDGETS: dict[str, dict[str, float]] = {
+    "as it is": {},
+    "worst cases in full": {"MISS_MARGIN": 1e9},
+    "2 plain steps to open with": {"START_STEPS": 2.0},
+    "4%": {"LOSS_BUDGET": 0.04},
+    "4%, 0.2 plain steps to open with": {"LOSS_BUDGET": 0.04, "START_STEPS": 0.2},
+    "no budget": {"LOSS_BUDGET": 1.0, "START_STEPS": 100.0},
+}
+
+
+def budget_as(changes: Mapping[str, float]) -> ContextManager[object]:
+    """While the block runs, the loss budget with these of its settings changed: policy's module constants, which
+    the account reads at every step. A what-if for benches, live or replayed; never for the engine."""
+    return mock.patch.multiple(policy, **changes) if changes else contextlib.nullcontext()
