@@ -248,7 +248,8 @@ def test_bench_prints_plain_auto_the_oracle_bound_and_the_modelled_auto(smol_pat
                      "--guesser", "auto", "--repeat", "1", "--max-tokens", "24", "--json", str(report),
                      env={"XDG_CACHE_HOME": str(tmp_path)})
     rows = json.loads(report.read_text())["rewrite"]
-    assert set(rows) == {"plain", "auto", "plain again", "oracle", "modelled", "modelled_learned", "modelled_own"}
+    assert set(rows) == {"plain", "auto", "plain again", "oracle", "modelled", "modelled_learned", "modelled_own",
+                         "modelled_clock"}
     assert rows["plain"]["speedup_vs_plain"] == 1.0 and rows["auto"]["tokens_per_s"] > 0
     # Plain ran a second time beside the first, its ratio this run's own noise, printed with the others'.
     again = rows["plain again"]
@@ -271,6 +272,8 @@ def test_bench_prints_plain_auto_the_oracle_bound_and_the_modelled_auto(smol_pat
     # so that text is plain's, and so is the figure.
     assert rows["modelled_own"]["speedup_vs_plain"] == pytest.approx(rows["modelled_learned"]["speedup_vs_plain"])
     assert "and on live auto's own text" in result.stdout
+    # ... and priced by what this run's steps cost (how, tests/tools/test_bench.py).
+    assert rows["modelled_clock"]["speedup_vs_plain"] > 0 and "at what its size cost in this run" in result.stdout
 
 
 def test_a_broken_setting_is_said_once_before_the_error(tmp_path):

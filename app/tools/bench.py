@@ -17,14 +17,14 @@ import sys
 from collections import defaultdict
 
 from specchat.decoding.engine import GenerationConfig, final
-from specchat.decoding.events import Stats
+from specchat.decoding.events import Stats, Step
 from specchat.decoding.guessers import build
 from specchat.decoding.policy import CostCurve
 from specchat.errors import SpecchatError
 from specchat.llama.template import Message
 from specchat.service.choices import ModelChoice
 from specchat.service.local import open_local
-from specchat.tools.judging import Judged, judge
+from specchat.tools.judging import Judged, by_clock, clock_curve, judge
 from specchat.tools.promptsets import load_prompts
 from specchat.tools.reading import recorded
 from specchat.tools.recorded import Answer
@@ -44,6 +44,7 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     guessers = {"plain": "none", **{name: name for name in args.guesser}, AGAIN: "none"}
     answers: dict[str, list[Answer]] = defaultdict(list)  # task -> plain's answers, for the modelled figures
     own: dict[str, list[Answer]] = defaultdict(list)  # task -> auto's answers: its text parts from plain's in places
+    steps: dict[str, dict[str, list[Step]]] = defaultdict(lambda: defaultdict(list))  # task -> plain's, auto's
     # runs[task][guesser][repeat] -> list of Stats over that task's prompts
     runs: dict[str, dict[str, list[list[Stats]]]] = defaultdict(
         lambda: {g: [[] for _ in range(args.repeat)] for g in guessers})
@@ -52,8 +53,11 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
         messages = [Message("user", text)]
         for rep in range(args.repeat):
             for label, name in guessers.items():
-                done = final(service.chat(messages, config, name))
+                events = list(service.chat(messages, config, name))
+                done = final(events)
                 runs[task][label][rep].append(done.stats)
+                if label in ("plain", "auto"):
+                    steps[task][label] += [event for event in events if isinstance(event, Step)]
                 if label in ("plain", "auto") and rep == 0:
                     (answers if label == "plain" else own)[task].append(
                         recorded(task, text, config.sampling.temperature, service.last_prompt, done.token_ids,
@@ -70,7 +74,12 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
     modelled = {task: judge(plains, curve, piece=target.piece) for task, plains in answers.items()}
     relearned = {task: judge(plains, learned, bound=False, piece=target.piece) for task, plains in answers.items()}
     on_own = {task: judge(owns, learned, bound=False, piece=target.piece) for task, owns in own.items()}
-    report = _report(runs, modelled, relearned, on_own, draft_lengths)
+    # And as the engine ran it: every step charged what steps of its size cost by the clock in this run, proposing
+    # included, against plain's steps timed alike. What is left between this and the measurement is auto's choices.
+    clocked = {task: by_clock(owns, learned, clock_curve(steps[task]["auto"], learned),
+                              clock_curve(steps[task]["plain"], learned).verify_s[0], target.piece)
+               for task, owns in own.items()}
+    report = _report(runs, modelled, relearned, on_own, clocked, draft_lengths)
     _print_bench(report, target.name, args.repeat)
     print(f"cost curve, in plain steps at {', '.join(map(str, CURVE_AT))} positions: measured at the start "
           f"{_shape(curve)} (the bound's and the modelled auto's), learned by the end {_shape(learned)}")
@@ -88,11 +97,12 @@ def _shape(curve: CostCurve) -> str:
 
 
 def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, Judged], relearned: dict[str, Judged],
-            on_own: dict[str, Judged], draft_lengths: dict[str, int]) -> dict[str, dict[str, dict[str, float]]]:
+            on_own: dict[str, Judged], clocked: dict[str, float],
+            draft_lengths: dict[str, int]) -> dict[str, dict[str, dict[str, float]]]:
     """Per task and guesser: acceptance, tokens per step against the formula, and medians of tok/s and of the
     speedup within each repeat; then the oracle bound and the modelled auto on plain's text, on the curve
     measured at the start (and the auto on the one the answers taught by the end, on plain's text and on
-    live auto's own)."""
+    live auto's own, priced by that curve and by this run's clock)."""
     report: dict[str, dict[str, dict[str, float]]] = {}
     for task, by_guesser in runs.items():
         plain_tps = [_tps(r) for r in by_guesser["plain"]]
@@ -119,6 +129,7 @@ def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, J
         report[task]["modelled_learned"] = {"speedup_vs_plain": relearned[task].auto}
         if task in on_own:
             report[task]["modelled_own"] = {"speedup_vs_plain": on_own[task].auto}
+            report[task]["modelled_clock"] = {"speedup_vs_plain": clocked[task]}
     return report
 
 
@@ -136,7 +147,8 @@ def _print_bench(report: dict[str, dict[str, dict[str, float]]], target: str, re
         for name, r in rows.items():
             label = {"oracle": "oracle bound (any copy or the draft, by the cost curve)",
                      "modelled_learned": "auto modelled on the curve the answers taught by the end",
-                     "modelled_own": "... and on live auto's own text"}.get(name)
+                     "modelled_own": "... and on live auto's own text",
+                     "modelled_clock": "... each step at what its size cost in this run"}.get(name)
             if name == "modelled":
                 share = r["share_of_oracle_gain"]
                 label = "auto modelled (same text and curve" + (f": {share:.0%} of the bound's gain)"

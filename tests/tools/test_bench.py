@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from fakes.model import ScriptedModel
 
+from specchat.decoding.events import Step
 from specchat.decoding.policy import CostCurve
-from specchat.tools.judging import judge
+from specchat.tools.judging import by_clock, clock_curve, judge
 from specchat.tools.reading import recorded
 from specchat.tools.recorded import Answer
 from specchat.tools.replay import lookup_copy, oracle
@@ -50,3 +51,30 @@ def test_the_modelled_auto_drafts_as_the_live_one_does():
     plain, bound, auto = modelled(answer)
     assert bound == oracle(answer, FLAT) < oracle(answer, FLAT, draft=False) == plain  # the bound drafts too
     assert auto < 0.8 * plain  # and so does auto, replayed
+
+
+def step(drafted: int, verify_s: float, propose_s: float = 0.001, guesser: str = "lookup", sync_s: float = 0.0) -> Step:
+    return Step((), "", drafted, 0, propose_s, verify_s, guesser if drafted else "none", sync_s=sync_s)
+
+
+def test_the_clock_curve_prices_each_size_at_what_its_steps_cost_proposing_included():
+    steps = [step(0, 1.0), step(0, 1.2), step(0, 1.1), *(step(2, 3.0) for _ in range(3)), step(5, 9.0),
+             *(step(3, 5.0, propose_s=0.3, guesser="draft", sync_s=0.06) for _ in range(3))]
+    curve = clock_curve(steps, FLAT)
+    assert curve.verify_s[0] == pytest.approx(1.101)  # the mean, with what proposing took
+    assert curve.verify_s[2] == pytest.approx(3.001)
+    # a drafter's proposing is its drafting, charged per token (less its catching up, which the replay charges apart)
+    assert curve.verify_s[3] == pytest.approx(5.0) and curve.draft_s == pytest.approx(0.08)
+    # a size seen once is the prior's, scaled as the sizes seen are (the median of their ratios to it)
+    ratios = sorted([1.101 / FLAT.verify_s[0], 3.001 / FLAT.verify_s[2], 5.0 / FLAT.verify_s[3]])
+    assert curve.verify_s[5] == pytest.approx(ratios[1] * FLAT.verify_s[5])
+    assert curve.rollback is None  # a size's mean holds what taking back cost
+
+
+def test_by_the_clock_a_replay_priced_at_the_curve_it_decides_by_is_the_judged_one():
+    answer = Answer("edit", "fit", 0.0, PROMPT, (99, *PROMPT[7:]))
+    piece = ScriptedModel(vocab=9).piece
+    assert by_clock([answer], FLAT, FLAT, float(FLAT.verify(1)), piece) == pytest.approx(judge([answer], FLAT, piece=piece).auto)
+    # dearer guesses by the clock than the curve says: the same choices, a smaller speedup
+    dear = CostCurve([FLAT.verify_s[0], *(1.3 * s for s in FLAT.verify_s[1:])], FLAT.draft_s)
+    assert by_clock([answer], FLAT, dear, float(FLAT.verify(1)), piece) < judge([answer], FLAT, piece=piece).auto
