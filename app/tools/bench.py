@@ -2,10 +2,10 @@
 
 For each prompt and repeat, plain decoding and every chosen guesser run back to back, so
 that machine noise hits them alike; speedups are ratios within the same repeat, and the
-reported figures are medians over repeats. Plain decoding runs again after the guessers: its
-ratio to the first plain run is what the machine's own noise does to a ratio in this run, the
-yardstick for every other (a guesser 3% behind plain means nothing where plain is 5% behind
-itself).
+reported figures are medians over repeats. Plain decoding runs again after the guessers: each
+guesser is measured against plain timed on both sides of it, and plain again's ratio to the first
+plain run is what the machine's own noise does to a ratio in this run, the yardstick for every
+other (a guesser 3% behind plain means nothing where plain is 5% behind itself).
 """
 
 from __future__ import annotations
@@ -100,14 +100,20 @@ def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, J
             on_own: dict[str, Judged], clocked: dict[str, float],
             draft_lengths: dict[str, int]) -> dict[str, dict[str, dict[str, float]]]:
     """Per task and guesser: acceptance, tokens per step against the formula, and medians of tok/s and of the
-    speedup within each repeat; then the oracle bound and the modelled auto on plain's text, on the curve
-    measured at the start (and the auto on the one the answers taught by the end, on plain's text and on
-    live auto's own, priced by that curve and by this run's clock)."""
+    speedup within each repeat (against plain before and after it); then the oracle bound and the modelled auto
+    on plain's text, on the curve measured at the start (and the auto on the one the answers taught by the end, on
+    plain's text and on live auto's own, priced by that curve and by this run's clock)."""
     report: dict[str, dict[str, dict[str, float]]] = {}
     for task, by_guesser in runs.items():
         plain_tps = [_tps(r) for r in by_guesser["plain"]]
+        again_tps = [_tps(r) for r in by_guesser[AGAIN]]
         report[task] = {}
-        for name, reps in by_guesser.items():
+        for i, (name, reps) in enumerate(by_guesser.items()):
+            # Each guesser against plain decoding timed on both sides of it, weighed by where it ran between them:
+            # a machine that slows or speeds up during a repeat moves the reference with it, and two plain runs
+            # halve what one run's noise does to it. Plain again stays against plain alone: this run's noise.
+            weight = 0.0 if name == AGAIN else i / (len(by_guesser) - 1)
+            reference = [(1 - weight) * p + weight * a for p, a in zip(plain_tps, again_tps)]
             pooled = [s for rep in reps for s in rep]
             total = Stats.total(pooled)
             k = draft_lengths[name]
@@ -119,7 +125,7 @@ def _report(runs: dict[str, dict[str, list[list[Stats]]]], modelled: dict[str, J
                 "formula_tokens_per_step": tokens_per_step_formula(total.alpha, k),
                 "k": k,
                 "tokens_per_s": statistics.median(tps),
-                "speedup_vs_plain": statistics.median(ratios := [t / p for t, p in zip(tps, plain_tps)]),
+                "speedup_vs_plain": statistics.median(ratios := [t / p for t, p in zip(tps, reference)]),
                 "speedup_low": min(ratios),
                 "speedup_high": max(ratios),
             }

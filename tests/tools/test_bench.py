@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from fakes.model import ScriptedModel
 
-from specchat.decoding.events import Step
+from specchat.decoding.events import Stats, Step
 from specchat.decoding.policy import CostCurve
+from specchat.tools.bench import AGAIN, _report
 from specchat.tools.judging import by_clock, clock_curve, judge
 from specchat.tools.reading import recorded
 from specchat.tools.recorded import Answer
@@ -78,3 +79,15 @@ def test_by_the_clock_a_replay_priced_at_the_curve_it_decides_by_is_the_judged_o
     # dearer guesses by the clock than the curve says: the same choices, a smaller speedup
     dear = CostCurve([FLAT.verify_s[0], *(1.3 * s for s in FLAT.verify_s[1:])], FLAT.draft_s)
     assert by_clock([answer], FLAT, dear, float(FLAT.verify(1)), piece) < judge([answer], FLAT, piece=piece).auto
+
+
+def test_a_guesser_is_measured_against_plain_timed_on_both_sides_of_it():
+    def answered(tokens_per_s: float) -> list[list[Stats]]:
+        return [[Stats(n_tokens=100, steps=100, verify_s=100 / tokens_per_s)]]
+
+    # The machine sped up during the repeat: plain at 10 tok/s before auto and 14 after it.
+    runs = {"edit": {"plain": answered(10.0), "auto": answered(12.0), AGAIN: answered(14.0)}}
+    report = _report(runs, {}, {}, {}, {}, {"plain": 0, "auto": 16, AGAIN: 0})["edit"]
+    assert report["auto"]["speedup_vs_plain"] == pytest.approx(1.0)  # not 1.2x: it ran midway between them
+    assert report[AGAIN]["speedup_vs_plain"] == pytest.approx(1.4)  # this run's noise, plain against itself
+    assert report["plain"]["speedup_vs_plain"] == pytest.approx(1.0)
