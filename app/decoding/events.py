@@ -12,6 +12,9 @@ import functools
 from dataclasses import astuple, dataclass
 from typing import Iterable, Union
 
+# The guessers that spend time on every token they draft (a copy from the context costs nothing a token).
+DRAFTERS = ("draft", "mtp")
+
 
 class Source(enum.Enum):
     """Where an emitted token came from."""
@@ -58,6 +61,12 @@ class Step:
     # everything between steps (the engine's own work, whoever reads the events), so that the steps' spans
     # add up to `Stats.wall_s`, the time behind the tok/s a user sees. 0: not measured (a step made up).
     span_s: float = 0.0
+
+    @property
+    def drafted_token_s(self) -> float | None:
+        """What each token a drafting model (DRAFTERS) drafted took it, its catching up with earlier steps left
+        out; None where none drafted."""
+        return (self.draft_s - self.sync_s) / self.drafted if self.drafted and self.guesser in DRAFTERS else None
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,8 @@ class PairCosts:
         token: dict[str, list[float]] = defaultdict(list)
         for s in steps:
             verify[s.drafted + 1].append(s.verify_s - s.rollback_s)
-            if s.drafted and s.guesser in ("draft", "mtp"):
-                token[s.guesser].append((s.draft_s - s.sync_s) / s.drafted)
+            if (token_s := s.drafted_token_s) is not None:
+                token[s.guesser].append(token_s)
         now = time.monotonic()
         with self._lock:
             self.plain.extend((now, span(s)) for s in steps if not s.drafted)

@@ -58,10 +58,10 @@ def run_bench(args: argparse.Namespace, choice: ModelChoice, config: GenerationC
                 runs[task][label][rep].append(done.stats)
                 if label in ("plain", "auto"):
                     steps[task][label] += [event for event in events if isinstance(event, Step)]
-                if label in ("plain", "auto") and rep == 0:
-                    (answers if label == "plain" else own)[task].append(
-                        recorded(task, text, config.sampling.temperature, service.last_prompt, done.token_ids,
-                                 service.pair.draft))
+                    if rep == 0:
+                        (answers if label == "plain" else own)[task].append(
+                            recorded(task, text, config.sampling.temperature, service.last_prompt, done.token_ids,
+                                     service.pair.draft))
         print(f"  prompt {n}/{len(prompts)} ({task}) done", file=sys.stderr)
 
     draft_lengths = {label: config.draft_length if config.draft_length is not None else

@@ -14,7 +14,7 @@ from unittest import mock
 import numpy as np
 
 from specchat.decoding import policy
-from specchat.decoding.events import Step
+from specchat.decoding.events import DRAFTERS, Step
 from specchat.decoding.guessers import AutoGuesser, BaseGuesser, LookupGuesser, Proposal
 from specchat.decoding.policy import PLACE_SHIFTS, PRIORS, CostCurve, PlaceShift, Priors
 from specchat.decoding.sampling import SamplingConfig
@@ -108,10 +108,6 @@ def judge(answers: Iterable[Answer], curve: CostCurve, priors: Priors | None = N
     return Judged(plain_s, auto_s, oracle_s, worst if n else 1.0, n)
 
 
-
-DRAFTERS = ("draft", "mtp")  # the guessers that spend time per drafted token
-
-
 def clock_curve(steps: Sequence[Step], like: CostCurve, least: int = 3) -> CostCurve:
     """What these steps cost by the clock, as a curve to price a replay by: per number of positions verified, the
     mean seconds of the steps that verified that many, with what proposing took (every step pays it, a plain one
@@ -120,10 +116,10 @@ def clock_curve(steps: Sequence[Step], like: CostCurve, least: int = 3) -> CostC
     by_size: dict[int, list[float]] = defaultdict(list)
     per_token: dict[str, list[float]] = defaultdict(list)
     for step in steps:
-        drafting = step.guesser in DRAFTERS and step.drafted > 0
-        by_size[step.drafted + 1].append(step.verify_s + (0.0 if drafting else step.draft_s))
-        if drafting:
-            per_token[step.guesser].append((step.draft_s - step.sync_s) / step.drafted)
+        token_s = step.drafted_token_s
+        by_size[step.drafted + 1].append(step.verify_s + (step.draft_s if token_s is None else 0.0))
+        if token_s is not None:
+            per_token[step.guesser].append(token_s)
     seen = {n: statistics.fmean(times) for n, times in by_size.items() if len(times) >= least and n <= len(like.verify_s)}
     scale = statistics.median(seconds / like.verify_s[n - 1] for n, seconds in seen.items()) if seen else 1.0
     table = [seen.get(n, scale * seconds) for n, seconds in enumerate(like.verify_s, 1)]
@@ -139,6 +135,7 @@ def by_clock(answers: Sequence[Answer], decide: CostCurve, charged: CostCurve, p
     a `clock_curve`), against plain decoding at plain_step_s a token, timed alike."""
     auto_s = sum(replay(a, charged, auto_for(a, decide, piece=piece))[0] for a in answers)
     return plain_step_s * sum(len(a.answer) for a in answers) / auto_s
+
 
 # The fixed choices auto is judged against (issue 41's regret): plain decoding, and lookup and the draft at a small
 # grid of lengths, each sending as many guesses as it has every step, whatever happened before.

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from specchat.decoding.events import DRAFTERS
 from specchat.decoding.guessers import Guesser, lookup, lookup_match
 from specchat.decoding.policy import CostCurve, expected_tokens
 from specchat.decoding.sampling import SamplingConfig
@@ -66,7 +67,7 @@ def replay(answer: Answer, curve: CostCurve, guesser: Guesser) -> tuple[float, i
         guess = guesser.propose(seq[:i], min(guesser.default_draft_length, len(seq) - i - 1), sampling, rng)
         r = accepted(guess.tokens, seq, i)
         drafting = len(guess.tokens) * curve.token_s(guess.guesser) + guess.sync_s \
-            if guess.guesser in ("draft", "mtp") else 0.0
+            if guess.guesser in DRAFTERS else 0.0
         step = curve.spent_s(len(guess.tokens), r, drafting)
         guesser.observe(len(guess.tokens), r)
         seconds += step
