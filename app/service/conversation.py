@@ -36,8 +36,10 @@ def summary_line(done: Answered, guesser: str) -> str:
     ending = f"  [{ENDINGS[reason]}]" if reason in ENDINGS else ""
     against = against_plain(done)
     against = f" · {against}" if against else ""
+    # With nothing guessed there is no acceptance to show: "0%" would read as every guess rejected.
+    acceptance = f"acceptance {stats.acceptance:.0%}" if stats.drafted else "nothing guessed"
     return (f"{stats.n_tokens} tokens · {stats.decode_s:.1f}s · {stats.tokens_per_s:.1f} tok/s · "
-            f"{stats.tokens_per_step:.2f} tok/step · acceptance {stats.acceptance:.0%}{against} · {guesser}{ending}")
+            f"{stats.tokens_per_step:.2f} tok/step · {acceptance}{against} · {guesser}{ending}")
 
 
 def thinking_line(done: Answered) -> str:

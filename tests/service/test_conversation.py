@@ -71,6 +71,14 @@ def test_the_end_stores_the_whole_answer_with_its_figures_and_the_notices(tmp_pa
     assert (stored.stats["tokens"], stored.stats["guesser"], stored.stats["acceptance"]) == (3, "auto", 0.5)
 
 
+def test_an_answer_that_guessed_nothing_says_so_rather_than_a_zero_acceptance(tmp_path):
+    from specchat.service.conversation import summary_line
+
+    plain = Answered("eog", "Hi", (1,), Stats(n_prompt=9, n_tokens=3, steps=3, drafted=0, accepted=0, verify_s=0.3))
+    assert "nothing guessed" in summary_line(plain, "auto") and "acceptance" not in summary_line(plain, "auto")
+    assert "acceptance 50%" in summary_line(done("Hello there"), "auto")
+
+
 def test_a_stopped_answer_is_kept_marked_and_a_servers_figures_are_named(tmp_path):
     store, chat, _ = make(tmp_path)
     chat.add_user("Hi")
