@@ -328,6 +328,45 @@ def test_a_copys_place_is_read_off_the_matches_and_the_prompts_end():
     assert shift.shift(1.0, True, 14) > 0 > shift.shift(0.5, True, 14)
 
 
+# A chat as token ids: 1 and 2 stand for <|im_start|> and <|im_end|>, control tokens, which llama.cpp gives no text;
+# 3 for the role "assistant", 4 for a newline. Both questions end with 72, as two questions may end with "?".
+def _piece(token: int) -> bytes:
+    return b"" if token in (1, 2) else b"<%d>" % token
+
+
+SECOND_TURN = [1, 8, 4, 90, 2, 4,  # the system message
+               1, 9, 4, 70, 71, 72, 2, 4,  # the first question
+               1, 3, 4, 50, 51, 52, 53, 2, 4,  # the first answer
+               1, 9, 4, 80, 81, 72, 2, 4,  # the second question
+               1, 3, 4]  # the header the second answer follows
+
+
+def test_a_match_stops_at_the_chat_templates_structure():
+    passage = Passage(piece=_piece)
+    passage.restart(len(SECOND_TURN))
+    # The header "assistant\n" and what precedes it match where the first answer began, six tokens back; they say only
+    # that both are answers: one token of match.
+    assert Passage().find(SECOND_TURN) == Copy("lookup", 17, "far", 6)
+    assert passage.find(SECOND_TURN).m == 1
+    # Once the answer opens as the first did, its own tokens count.
+    assert passage.find(SECOND_TURN + [50, 51]) == Copy("lookup", 19, "far", 3)
+    # A control token inside the answer stops a match too, and raw text (nothing without text) does not.
+    assert passage.find(SECOND_TURN + [50, 2, 51]).m == 1
+    raw = Passage(piece=_piece)
+    raw.restart(5)
+    assert raw.find([70, 71, 72, 73, 74, 70, 71, 72]).m == 3
+
+
+def test_a_chats_second_answer_does_not_open_on_a_copy_of_the_first():
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    blind = AutoGuesser(CostCurve(list(CPU.verify_s), CPU.draft_s))  # no tokens' text: the header is a long match
+    blind.prepare(SECOND_TURN)
+    assert blind.propose(SECOND_TURN, 8, greedy, rng).tokens[:1] == [50]
+    auto = AutoGuesser(CostCurve(list(CPU.verify_s), CPU.draft_s), piece=_piece)
+    auto.prepare(SECOND_TURN)
+    assert auto.propose(SECOND_TURN, 8, greedy, rng).guesser == "none"
+
+
 def test_a_token_the_answer_wrote_as_another_is_copied_so_until_a_step_rejects_it():
     """A rename seen once is written by later copies; a swap that a step rejects is dropped."""
     prompt = [10, 11, 12, 40, 13, 14, 15, 16, 40, 17, 18, 99]  # 40: an identifier the answer renames to 41

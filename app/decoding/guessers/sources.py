@@ -150,12 +150,36 @@ class Passage:
         self.prompt_end = 0  # where the answer began: copies before it are from the prompt
         self.swaps = Swaps()  # spans of the passage that this answer writes as others
         self._origins: dict[int, Origins] = {}  # per copy sent this step, by its start: where its guesses come from
+        self._scanned = 0  # the context up to here has been looked at for tokens with no text
+        self._structure: int | None = None  # just after the latest of them (None: none within max_match)
 
     def restart(self, prompt_end: int = 0) -> None:
         """A new generation, after a prompt this long: nothing is being copied yet."""
         self.cursor = self.replaced = None
         self.prompt_end = prompt_end
         self.swaps = Swaps()
+        self._scanned, self._structure = max(0, prompt_end - self.max_match), None  # no match reaches further back
+
+    def reach(self, context: Sequence[int]) -> int:
+        """How far back a match may run. llama.cpp gives a chat template's control tokens (`<|im_start|>`,
+        `<|im_end|>`) no text: they and the role line after them are structure that every message shares, not
+        content. So a match stops at the latest token with no text, and where that is in the prompt, the header
+        from it to the answer (`assistant\n`) counts as one token. Without this, a chat's second answer opened on a
+        6-token match, `<|im_end|>\n<|im_start|>assistant\n` that the first answer followed too, and its first
+        guess copied the first answer's opening; the miss spent the loss budget's room for the next 25 tokens.
+        Raw text (no control tokens), or no tokens' text (`piece`): a match runs up to max_match back."""
+        if self.piece is None:
+            return self.max_match
+        if len(context) < self._scanned:  # not the context the last steps extended: look again
+            self._scanned, self._structure = max(0, len(context) - self.max_match), None
+        for i in range(self._scanned, len(context)):
+            if not self.piece(int(context[i])):
+                self._structure = i + 1
+        self._scanned = len(context)
+        if self._structure is None:
+            return self.max_match
+        start = self.prompt_end - 1 if self._structure <= self.prompt_end else self._structure
+        return max(0, min(self.max_match, len(context) - start))
 
     def guesses(self, context: Sequence[int], copy: Copy, k: int) -> list[int]:
         """What a copy would guess: the k tokens from its start, with what this answer writes for them."""
@@ -169,7 +193,7 @@ class Passage:
             self.swaps.replaced(self.replaced, len(context) - 1)
         self.swaps.learn(context)
         self._origins = {}
-        ends, lengths = self.matches = matches(context, self.max_match)
+        ends, lengths = self.matches = matches(context, self.reach(context))
         source = None
         if len(ends):
             near = np.zeros(len(ends), dtype=bool)
