@@ -179,7 +179,7 @@ class Passage:
         if self._structure is None:
             return self.max_match
         start = self.prompt_end - 1 if self._structure <= self.prompt_end else self._structure
-        return max(0, min(self.max_match, len(context) - start))
+        return min(self.max_match, len(context) - start)
 
     def guesses(self, context: Sequence[int], copy: Copy, k: int) -> list[int]:
         """What a copy would guess: the k tokens from its start, with what this answer writes for them."""
