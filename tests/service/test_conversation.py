@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from specchat.decoding.events import Stats
-from specchat.service.conversation import SAVE_INTERVAL_S, ConversationController
+from specchat.service.conversation import SAVE_INTERVAL_S, ConversationController, summary_line
 from specchat.service.events import Answered
 from specchat.store.conversations import Store
 
@@ -71,9 +71,7 @@ def test_the_end_stores_the_whole_answer_with_its_figures_and_the_notices(tmp_pa
     assert (stored.stats["tokens"], stored.stats["guesser"], stored.stats["acceptance"]) == (3, "auto", 0.5)
 
 
-def test_an_answer_that_guessed_nothing_says_so_rather_than_a_zero_acceptance(tmp_path):
-    from specchat.service.conversation import summary_line
-
+def test_an_answer_that_guessed_nothing_says_so_rather_than_a_zero_acceptance():
     plain = Answered("eog", "Hi", (1,), Stats(n_prompt=9, n_tokens=3, steps=3, drafted=0, accepted=0, verify_s=0.3))
     assert "nothing guessed" in summary_line(plain, "auto") and "acceptance" not in summary_line(plain, "auto")
     assert "acceptance 50%" in summary_line(done("Hello there"), "auto")
