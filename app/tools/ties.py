@@ -23,6 +23,7 @@ distinct), 0.49 to 0.71, with leads of 0.17 at most: the ceiling decides every o
 
 from __future__ import annotations
 
+import atexit
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -139,6 +140,31 @@ def decode_as(session: Session, tokens: Sequence[int], sizes: Sequence[int], pad
     return np.concatenate(rows) if rows else np.empty((0, session.model.n_vocab), dtype=np.float32)
 
 
+# The model that judgements decode on, loaded once per file and settings and kept between them: loading
+# the default pair's target takes 4 s here (its weights are repacked for the CPU's kernels), and the greedy
+# tests judge a dozen partings. Each judgement starts from a cleared cache, which holds nothing of what was
+# decoded before, as a new model's holds nothing (`both_ways` clears it between batchings already); no run
+# being judged ever decodes on it.
+_fresh: dict[tuple[str, int, int | None], Model] = {}
+
+
+def fresh_model(path: Path, n_ctx: int, threads: int | None) -> Model:
+    """A model of this file that no run being judged has touched, its cache empty."""
+    key = (str(path), n_ctx, threads)
+    if key not in _fresh:
+        close_fresh()  # one file's at a time: the default pair's target holds a gigabyte
+        _fresh[key] = Model(path, n_ctx=n_ctx, n_threads=threads)
+    model = _fresh[key]
+    model.session.clear()
+    return model
+
+
+@atexit.register
+def close_fresh() -> None:
+    while _fresh:
+        _fresh.popitem()[1].close()
+
+
 # A fresh model gives the same logits for the same tokens, and the greedy tests judge the same parting
 # once for each guesser that meets it (a model load and passes over the answer each), with others between:
 # tests/decoding/test_greedy_qwen.py meets 13 partings, 9 of them distinct, and 4 entries kept 1 of the 4
@@ -153,30 +179,27 @@ def both_ways(path: Path, prompt: tuple[int, ...], answer: tuple[int, ...], n_ct
     to them (a rewind) and batches only what follows. `enough`: no more ways once the noise reaches it."""
     prefix = list(prompt + answer)
     tail = len(prefix) - 1 - head  # the tokens before the last whose batching varies
-    model = Model(path, n_ctx=n_ctx, n_threads=threads)
-    try:
-        session = model.session
+    session = fresh_model(path, n_ctx, threads).session
+    if head:
+        session.decode(prefix[:head], "none")
+        session.checkpoint(lasting=True)  # what a memory that cannot cut comes back to
+
+    def last(sizes: list[int], pad: int = 0) -> np.ndarray:
         if head:
-            session.decode(prefix[:head], "none")
-            session.checkpoint(lasting=True)  # what a memory that cannot cut comes back to
+            session.rewind(head)
+        else:
+            session.clear()
+        decode_as(session, prefix[head:-1], sizes, pad)
+        return np.array(session.decode([prefix[-1]], "last")[0])
 
-        def last(sizes: list[int], pad: int = 0) -> np.ndarray:
-            if head:
-                session.rewind(head)
-            else:
-                session.clear()
-            decode_as(session, prefix[head:-1], sizes, pad)
-            return np.array(session.decode([prefix[-1]], "last")[0])
-
-        batched = last([tail])
-        before = len(prompt) - 1 - head  # of the prompt, after the head and before its last token
-        single = last([*([before] if before > 0 else []), *[1] * (tail - max(0, before))])
-        noise = float(np.abs(single - batched).max())
-        for sizes, pad in batchings(tail, prefix, reused=reused):
-            if noise >= enough:
-                break
-            noise = max(noise, float(np.abs(last(sizes, pad) - batched).max()))
-    finally:
-        model.close()
+    batched = last([tail])
+    before = len(prompt) - 1 - head  # of the prompt, after the head and before its last token
+    single = last([*([before] if before > 0 else []), *[1] * (tail - max(0, before))])
+    noise = float(np.abs(single - batched).max())
+    for sizes, pad in batchings(tail, prefix, reused=reused):
+        if noise >= enough:
+            break
+        noise = max(noise, float(np.abs(last(sizes, pad) - batched).max()))
+    session.clear()
     batched.flags.writeable = single.flags.writeable = False  # shared by every caller of the cache
     return batched, single, noise

@@ -30,7 +30,7 @@ from specchat.decoding.guessers import Guesser, NoGuesser
 from specchat.decoding.sampling import masked
 from specchat.llama.model import Model
 from specchat.llama.session import is_chain
-from specchat.tools.ties import CEILING, Parting, batchings, decode_as, parting
+from specchat.tools.ties import CEILING, Parting, batchings, decode_as, fresh_model, parting
 
 if TYPE_CHECKING:
     from specchat.decoding.constraint import Constraint
@@ -111,21 +111,19 @@ def row_noise(path: Path, prompt: tuple[int, ...], answer: tuple[int, ...], n_ct
     verifications come; both runs prefill the prompt alike, and reuse no cache), on a fresh model: a row
     depends on the batch it is in and on the batches its cache was written in. The tolerance for comparing
     a speculative run's rows with plain decoding's."""
-    model = Model(path, n_ctx=n_ctx, n_threads=threads)
-    try:
-        session = model.session
-        tokens = [prompt[-1], *answer[:-1]]
+    session = fresh_model(path, n_ctx, threads).session
+    tokens = [prompt[-1], *answer[:-1]]
 
-        def rows(sizes: list[int], pad: int = 0) -> np.ndarray:
-            session.clear()
-            session.decode(list(prompt[:-1]), "none")
-            return decode_as(session, tokens, sizes, pad, "all")
+    def rows(sizes: list[int], pad: int = 0) -> np.ndarray:
+        session.clear()
+        session.decode(list(prompt[:-1]), "none")
+        return decode_as(session, tokens, sizes, pad, "all")
 
-        single = rows([1] * len(tokens))
-        return max(float(np.abs(rows(sizes, pad) - single).max())
-                   for sizes, pad in batchings(len(tokens), len(answer), reused=False))
-    finally:
-        model.close()
+    single = rows([1] * len(tokens))
+    noise = max(float(np.abs(rows(sizes, pad) - single).max())
+                for sizes, pad in batchings(len(tokens), len(answer), reused=False))
+    session.clear()
+    return noise
 
 
 def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], Guesser], n: int,
