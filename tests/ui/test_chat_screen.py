@@ -665,6 +665,7 @@ async def test_thinking_streams_open_folds_when_the_answer_begins_and_ctrl_b_ope
         await pilot.press("ctrl+b")
         await until(pilot, lambda: not fold(app).collapsed, "Ctrl+B to open the thinking")
         # The next question sends the thinking back apart from the answer: the template decides.
+        backend.resume()  # its answer passes its pause (it would wait out PAUSE_S there, 10 s, and then go on)
         await send(pilot, app, "Another")
         await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the second answer")
         assert backend.calls[1][0][-2] == Message("assistant", STORY, THOUGHT)
