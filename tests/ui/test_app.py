@@ -283,7 +283,7 @@ async def test_the_panel_the_answers_line_the_cli_and_the_server_say_one_speedup
         numbers = str(app.query_one(StatsPanel).query_one("#numbers").render()).splitlines()
         speedup = next(line for line in numbers if line.startswith("speedup"))
         assert str(app.query_one(StatsPanel).query_one("#baseline").render()) == \
-            "baseline 50.0 tok/s: plain steps at this answer's moments"
+            "baseline 50.0 tok/s: plain decoding at this answer's moments"
         summary = list(app.query(MessageView))[-1].summary
         sent = timings(done)
         assert f"{sent['speedup']:.2f}" == "1.17" and sent["machine_busy"] == done.busy == (slowdown > 1)
