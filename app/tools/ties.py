@@ -141,7 +141,7 @@ def decode_as(session: Session, tokens: Sequence[int], sizes: Sequence[int], pad
 
 
 # The model that judgements decode on, loaded once per file and settings and kept between them: loading
-# the default pair's target takes 4 s here (its weights are repacked for the CPU's kernels), and the greedy
+# the default pair's target takes 1.5 to 4 s here (its weights are repacked for the CPU's kernels), and the greedy
 # tests judge a dozen partings. Each judgement starts from a cleared cache, which holds nothing of what was
 # decoded before, as a new model's holds nothing (`both_ways` clears it between batchings already); no run
 # being judged ever decodes on it.
@@ -161,6 +161,7 @@ def fresh_model(path: Path, n_ctx: int, threads: int | None) -> Model:
 
 @atexit.register
 def close_fresh() -> None:
+    """Close the kept model: before another file's is loaded, and at exit."""
     while _fresh:
         _fresh.popitem()[1].close()
 
@@ -200,6 +201,5 @@ def both_ways(path: Path, prompt: tuple[int, ...], answer: tuple[int, ...], n_ct
         if noise >= enough:
             break
         noise = max(noise, float(np.abs(last(sizes, pad) - batched).max()))
-    session.clear()
     batched.flags.writeable = single.flags.writeable = False  # shared by every caller of the cache
     return batched, single, noise

@@ -120,10 +120,8 @@ def row_noise(path: Path, prompt: tuple[int, ...], answer: tuple[int, ...], n_ct
         return decode_as(session, tokens, sizes, pad, "all")
 
     single = rows([1] * len(tokens))
-    noise = max(float(np.abs(rows(sizes, pad) - single).max())
-                for sizes, pad in batchings(len(tokens), len(answer), reused=False))
-    session.clear()
-    return noise
+    return max(float(np.abs(rows(sizes, pad) - single).max())
+               for sizes, pad in batchings(len(tokens), len(answer), reused=False))
 
 
 def compare(target: Model, path: Path, prompt: list[int], guesser: Callable[[], Guesser], n: int,
