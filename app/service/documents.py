@@ -68,17 +68,26 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 def split_paragraphs(text: str, max_tokens: int, count: Callable[[str], int]) -> Parts:
     """Parts of whole paragraphs, each within max_tokens (a single longer paragraph is split at sentence
-    ends, and at worst stands alone). Each part is the original's text as it is, spacing and all."""
-    pieces: list[tuple[int, int]] = []
+    ends, and at worst stands alone). Each part is the original's text as it is, spacing and all.
+
+    Each piece is counted once, and a part's size is its pieces' counts and the gaps' between them, summed:
+    counting each part anew as it grew tokenized a long document over and over (a 350 KB one: 4.1 s on the
+    default pair here, now 0.2 s). A sum counts a space that a tokenizer would join to the next word as a token of its
+    own, so it errs towards smaller parts, never larger."""
+    pieces: list[tuple[int, int, int]] = []  # start, end, tokens
     for start, end in _spans(text, _BLANK_LINES, 0, len(text)):
-        fits = count(text[start:end]) <= max_tokens
-        pieces += [(start, end)] if fits else _spans(text, _SENTENCE_END, start, end)
+        n = count(text[start:end])
+        pieces += [(start, end, n)] if n <= max_tokens else \
+            [(a, b, count(text[a:b])) for a, b in _spans(text, _SENTENCE_END, start, end)]
     chunks: list[tuple[int, int]] = []
-    for start, end in pieces:
-        if chunks and count(text[chunks[-1][0]:end]) <= max_tokens:
-            chunks[-1] = (chunks[-1][0], end)
+    held = 0  # the last part's tokens
+    for start, end, n in pieces:
+        joined = held + count(text[chunks[-1][1]:start]) + n if chunks else n
+        if chunks and joined <= max_tokens:
+            chunks[-1], held = (chunks[-1][0], end), joined
         else:
             chunks.append((start, end))
+            held = n
     return Parts.cut(text, chunks)
 
 
