@@ -18,10 +18,9 @@ from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
 from specchat.decoding.engine import GenerationConfig
 from specchat.errors import SpecchatError
-from specchat.llama.template import Message
 from specchat.service.backend import Backend
 from specchat.service.choices import Given, answering
-from specchat.service.documents import PRESETS, Parts, Review, open_document, output_path, rewrite_requests, save, unchanged_since
+from specchat.service.documents import PRESETS, Review, open_document, output_path, rewrite_requests, save, unchanged_since
 from specchat.service.settings import Settings
 from specchat.ui.keyline import KeyLine
 from specchat.ui.screens import ConfirmScreen
@@ -125,9 +124,7 @@ class RewriteScreen(Screen[None]):
         # leaves thinking to the model, so their lines are not said here.
         config = answering(self.settings, self.backend.guessers, self.backend.thinking_switch,
                            Given(guesser=self.guesser)).config
-        parts, requests = rewrite_requests(instruction, self.document.text, self.backend.n_ctx,
-                                           self.backend.count_tokens, config)
-        self._run(parts, requests)
+        self._run(instruction, config)
 
     class Progress(TMessage):
         """From the rewrite worker, in order with its generation batches (a call_from_thread could
@@ -138,7 +135,12 @@ class RewriteScreen(Screen[None]):
             self.status, self.result, self.finished = status, result, finished
 
     @work(thread=True, exclusive=True, group="rewrite")
-    def _run(self, parts: Parts, requests: list[tuple[list[Message], GenerationConfig]]) -> None:
+    def _run(self, instruction: str, config: GenerationConfig) -> None:
+        # Cut into parts here, not on the screen's thread: a long document takes a while to tokenize, and the
+        # screen stays drawn and answers keys meanwhile.
+        self.post_message(self.Progress("reading the document…"))
+        parts, requests = rewrite_requests(instruction, self.document.text, self.backend.n_ctx,
+                                           self.backend.count_tokens, config)
         results: list[str] = []
         for n, (messages, config) in enumerate(requests, 1):
             self.post_message(self.Progress(f"rewriting part {n} of {len(requests)}… (Esc stops)"))
@@ -159,6 +161,8 @@ class RewriteScreen(Screen[None]):
 
     async def on_generation_batch(self, batch: GenerationBatch) -> None:
         try:
+            if batch.prefill is not None:  # a part of a long document is read for tens of seconds on a CPU
+                self.query_one(StatsPanel).prefill(batch.prefill.seconds)
             if batch.pieces:
                 self.query_one(StatsPanel).add(batch.pieces)
                 self._append(batch.text)

@@ -4,11 +4,14 @@ saves the original byte for byte."""
 
 from __future__ import annotations
 
+import threading
 from typing import Iterator, Sequence
 
 import pytest
 from fakes import FakeBackend
 from pilot import make_app, reviewed, until
+
+from specchat.ui.widgets import StatsPanel
 
 SENTENCE = "The quick brown fox jumps over the lazy dog by the quiet river at dawn, {}."
 SENTENCES = [SENTENCE.format(n) for n in range(12)]  # 16 words each: 192 in all, more than one part's 128
@@ -48,6 +51,9 @@ async def test_a_rewrite_in_parts_that_changes_nothing_saves_the_original_byte_f
     async with app.run_test(size=(140, 40)) as pilot:
         screen = await reviewed(pilot, app)
         assert len(backend.calls) >= 2 and screen.review.changes == []
+        # The first token came after the first part was read (the fake's prefill, 0.05 s), as in the chat.
+        panel = screen.query_one(StatsPanel)
+        assert panel.prefill_s == pytest.approx(0.05) and panel.ttft > 0.05
         await pilot.press("ctrl+s")
         await until(pilot, lambda: (tmp_path / "notes.rewritten.md").exists(), "the save")
     parts = parts_sent(backend)
@@ -83,3 +89,39 @@ async def test_a_part_whose_answer_stops_short_keeps_its_rest_when_the_rewrite_i
         await pilot.press("ctrl+s")
         await until(pilot, lambda: (tmp_path / "notes.rewritten.md").exists(), "the save")
     assert (tmp_path / "notes.rewritten.md").read_bytes() == original
+
+
+class SlowTokenizer(Echo):
+    """Tokenizes as a long document does on a slow machine: each count waits until the test lets it go (or 5 s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counting, self.go = threading.Event(), threading.Event()
+
+    def count_tokens(self, text: str) -> int:
+        self.counting.set()
+        self.go.wait(5.0)
+        return super().count_tokens(text)
+
+
+async def test_the_screen_answers_while_a_long_document_is_read(tmp_path):
+    """The document is cut into parts on the rewrite's own thread: while its tokens are counted the screen says so
+    and takes keys (Esc stops the rewrite: no part is rewritten). Cut on the screen's thread, Ctrl+R froze the app
+    until the counting was done (4.1 s for a 350 KB document on the default pair)."""
+    doc = tmp_path / "notes.md"
+    doc.write_bytes(DOCUMENTS["a blank line"])
+    backend = SlowTokenizer()
+    app = make_app(tmp_path, backend, rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await until(pilot, lambda: type(app.screen).__name__ == "RewriteScreen", "the rewrite screen")
+        screen = app.screen
+        await pilot.press("ctrl+r")
+        status = screen.query_one("#rewrite-status")
+        await until(pilot, lambda: backend.counting.is_set() and "reading the document" in str(status.render()),
+                    "the status while counting")
+        await pilot.press("escape")  # handled now, while the counting goes on
+        assert screen.cancel.is_set()
+        backend.go.set()
+        await until(pilot, lambda: not screen.running, "the rewrite to stop")
+        assert len(backend.calls) <= 1  # at most the first part asked, and stopped at once
+        assert screen.review is None and "stopped" in str(status.render())
