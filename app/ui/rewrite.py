@@ -138,7 +138,7 @@ class RewriteScreen(Screen[None]):
     def _run(self, instruction: str, config: GenerationConfig) -> None:
         # Cut into parts here, not on the screen's thread: a long document takes a while to tokenize, and the
         # screen stays drawn and answers keys meanwhile.
-        self.post_message(self.Progress("reading the document…"))
+        self.post_message(self.Progress("reading the document… (Esc stops)"))
         parts, requests = rewrite_requests(instruction, self.document.text, self.backend.n_ctx,
                                            self.backend.count_tokens, config)
         results: list[str] = []

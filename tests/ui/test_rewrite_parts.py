@@ -11,6 +11,7 @@ import pytest
 from fakes import FakeBackend
 from pilot import make_app, reviewed, until
 
+from specchat.ui.rewrite import RewriteScreen
 from specchat.ui.widgets import StatsPanel
 
 SENTENCE = "The quick brown fox jumps over the lazy dog by the quiet river at dawn, {}."
@@ -113,7 +114,7 @@ async def test_the_screen_answers_while_a_long_document_is_read(tmp_path):
     backend = SlowTokenizer()
     app = make_app(tmp_path, backend, rewrite_file=doc)
     async with app.run_test(size=(140, 40)) as pilot:
-        await until(pilot, lambda: type(app.screen).__name__ == "RewriteScreen", "the rewrite screen")
+        await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
         screen = app.screen
         await pilot.press("ctrl+r")
         status = screen.query_one("#rewrite-status")
