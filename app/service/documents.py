@@ -82,8 +82,7 @@ def split_paragraphs(text: str, max_tokens: int, count: Callable[[str], int]) ->
     chunks: list[tuple[int, int]] = []
     held = 0  # the last part's tokens
     for start, end, n in pieces:
-        joined = held + count(text[chunks[-1][1]:start]) + n if chunks else n
-        if chunks and joined <= max_tokens:
+        if chunks and (joined := held + count(text[chunks[-1][1]:start]) + n) <= max_tokens:
             chunks[-1], held = (chunks[-1][0], end), joined
         else:
             chunks.append((start, end))

@@ -142,9 +142,9 @@ class RewriteScreen(Screen[None]):
         parts, requests = rewrite_requests(instruction, self.document.text, self.backend.n_ctx,
                                            self.backend.count_tokens, config)
         results: list[str] = []
-        for n, (messages, config) in enumerate(requests, 1):
+        for n, (messages, part_config) in enumerate(requests, 1):
             self.post_message(self.Progress(f"rewriting part {n} of {len(requests)}… (Esc stops)"))
-            done = Pump(self).run(self.backend.chat(messages, config, self.guesser, self.cancel))
+            done = Pump(self).run(self.backend.chat(messages, part_config, self.guesser, self.cancel))
             if done is None or done.reason == "cancelled":
                 self.post_message(self.Progress("stopped: nothing was saved" if done else "", finished=True))
                 return
