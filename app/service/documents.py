@@ -62,32 +62,47 @@ class Parts:
         return self.gaps[0] + "".join(text + gap for text, gap in zip(texts, self.gaps[1:], strict=True))
 
 
-_BLANK_LINES = re.compile(r"\n\s*\n")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
 def split_paragraphs(text: str, max_tokens: int, count: Callable[[str], int]) -> Parts:
-    """Parts of whole paragraphs, each within max_tokens (a single longer paragraph is split at sentence
-    ends, and at worst stands alone). Each part is the original's text as it is, spacing and all.
+    """Parts of whole paragraphs, each within max_tokens. A longer paragraph is split at sentence ends, a longer
+    sentence at line ends, a longer line between words: a passage with no sentence end (a list, a table, code, a
+    document of one long line) is rewritten in parts like any other, where it stood alone and overflowed the context
+    after the parts before it were rewritten. Each part is the original's text as it is, spacing and all.
 
     Each piece is counted once, and a part's size is its pieces' counts and the gaps' between them, summed:
     counting each part anew as it grew tokenized a long document over and over (a 350 KB one: 4.1 s on the
     default pair here, now 0.2 s). A sum counts a space that a tokenizer would join to the next word as a token of its
-    own, so it errs towards smaller parts, never larger."""
-    pieces: list[tuple[int, int, int]] = []  # start, end, tokens
-    for start, end in _spans(text, _BLANK_LINES, 0, len(text)):
-        n = count(text[start:end])
-        pieces += [(start, end, n)] if n <= max_tokens else \
-            [(a, b, count(text[a:b])) for a, b in _spans(text, _SENTENCE_END, start, end)]
+    own, so it errs towards smaller parts, never larger. Only a run of text with no space in it that is longer than a
+    part may be cannot be split: that is said, before any part is rewritten."""
+    pieces = _pieces(text, 0, len(text), None, max_tokens, count)
     chunks: list[tuple[int, int]] = []
     held = 0  # the last part's tokens
     for start, end, n in pieces:
+        if n > max_tokens:
+            line = text.count("\n", 0, start) + 1
+            raise SpecchatError(f"line {line} has {n} tokens with no space to split them at (“{text[start:start + 24]}…”), "
+                                f"more than one part of a rewrite may hold ({max_tokens}); break it up, or raise --ctx")
         if chunks and (joined := held + count(text[chunks[-1][1]:start]) + n) <= max_tokens:
             chunks[-1], held = (chunks[-1][0], end), joined
         else:
             chunks.append((start, end))
             held = n
     return Parts.cut(text, chunks)
+
+
+# Where a piece too long for a part is split, in turn: between paragraphs, sentences, lines, words.
+_SEPARATORS = (re.compile(r"\n\s*\n"), re.compile(r"(?<=[.!?])\s+"), re.compile(r"\n"), re.compile(r"\s+"))
+
+
+def _pieces(text: str, start: int, end: int, tokens: int | None, max_tokens: int, count: Callable[[str], int],
+            level: int = 0) -> list[tuple[int, int, int]]:
+    """text[start:end], of `tokens` (None: not counted yet), as pieces (start, end, tokens) of at most max_tokens
+    where _SEPARATORS from `level` on can split it so; a run none of them splits stays whole, however long."""
+    if tokens is not None and (tokens <= max_tokens or level == len(_SEPARATORS)):
+        return [(start, end, tokens)]
+    spans = _spans(text, _SEPARATORS[level], start, end)
+    if tokens is not None and spans == [(start, end)]:  # not split here: on to the next separator, not counted again
+        return _pieces(text, start, end, tokens, max_tokens, count, level + 1)
+    return [piece for a, b in spans for piece in _pieces(text, a, b, count(text[a:b]), max_tokens, count, level + 1)]
 
 
 def _spans(text: str, separator: re.Pattern[str], start: int, end: int) -> list[tuple[int, int]]:

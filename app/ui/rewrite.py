@@ -21,6 +21,7 @@ from specchat.errors import SpecchatError
 from specchat.service.backend import Backend
 from specchat.service.choices import Given, answering
 from specchat.service.documents import PRESETS, Review, open_document, output_path, rewrite_requests, save, unchanged_since
+from specchat.service.events import Answered
 from specchat.service.settings import Settings
 from specchat.ui.keyline import KeyLine
 from specchat.ui.screens import ConfirmScreen
@@ -69,6 +70,7 @@ class RewriteScreen(Screen[None]):
         self.current = 0  # the change the review keys act on
         self.cancel = threading.Event()
         self.running = False
+        self.error: str | None = None  # the rewrite's failure, as the last batch said it
 
     @property
     def result(self) -> str | None:
@@ -96,6 +98,8 @@ class RewriteScreen(Screen[None]):
     def on_mount(self) -> None:
         self.query_one("#custom").display = False
         self.query_one("#diff-pane").display = False
+        # Which model and guesser will rewrite, said before the first Ctrl+R as the chat says it before its first answer.
+        self.query_one(StatsPanel).reset(self.backend.name, self.backend.baseline(), self.guesser)
 
     @on(Select.Changed, "#preset")
     def _preset(self, event: Select.Changed) -> None:
@@ -115,7 +119,7 @@ class RewriteScreen(Screen[None]):
         instruction = self.instruction()
         if self.running or not instruction:
             return
-        self.running, self.review = True, None
+        self.running, self.review, self.error = True, None, None
         self.cancel.clear()
         self.query_one("#result", TextArea).text = ""
         self.query_one("#diff-pane").display = False
@@ -128,34 +132,47 @@ class RewriteScreen(Screen[None]):
 
     class Progress(TMessage):
         """From the rewrite worker, in order with its generation batches (a call_from_thread could
-        overtake batches still queued): a status line, and at the end the review of the whole rewrite, or None."""
+        overtake batches still queued): a status line, and at the end the review of the rewrite, or None; `parts`
+        (rewritten, in all) where it ended before the last part."""
 
-        def __init__(self, status: str, result: Review | None = None, finished: bool = False) -> None:
+        def __init__(self, status: str, result: Review | None = None, finished: bool = False,
+                     parts: tuple[int, int] | None = None) -> None:
             super().__init__()
-            self.status, self.result, self.finished = status, result, finished
+            self.status, self.result, self.finished, self.parts = status, result, finished, parts
 
     @work(thread=True, exclusive=True, group="rewrite")
     def _run(self, instruction: str, config: GenerationConfig) -> None:
         # Cut into parts here, not on the screen's thread: a long document takes a while to tokenize, and the
         # screen stays drawn and answers keys meanwhile.
         self.post_message(self.Progress("reading the document… (Esc stops)"))
-        parts, requests = rewrite_requests(instruction, self.document.text, self.backend.n_ctx,
-                                           self.backend.count_tokens, config)
+        try:
+            parts, requests = rewrite_requests(instruction, self.document.text, self.backend.n_ctx,
+                                               self.backend.count_tokens, config)
+        except SpecchatError as e:  # said before any part is rewritten, not after
+            self.post_message(self.Progress(f"error: {e}", finished=True))
+            return
         results: list[str] = []
+        done: Answered | None = None
         for n, (messages, part_config) in enumerate(requests, 1):
             self.post_message(self.Progress(f"rewriting part {n} of {len(requests)}… (Esc stops)"))
             done = Pump(self).run(self.backend.chat(messages, part_config, self.guesser, self.cancel))
             if done is None or done.reason == "cancelled":
-                self.post_message(self.Progress("stopped: nothing was saved" if done else "", finished=True))
-                return
+                break
             results.append(done.text.strip())
-        self.post_message(self.Progress("", Review.of_parts(parts, results), finished=True))  # spaced as the original was
+        if requests and not results:  # a failure's own line stays (its batch said it)
+            self.post_message(self.Progress("stopped: nothing was saved" if done else "", finished=True))
+            return
+        # Stopped or failed after some parts: those are kept for review, the rest of the document as it was. Minutes
+        # of rewriting on a CPU are not thrown away for one Esc.
+        kept = results + list(parts.texts[len(results):])
+        self.post_message(self.Progress("", Review.of_parts(parts, kept), finished=True,
+                                        parts=(len(results), len(requests)) if len(results) < len(requests) else None))
 
     def on_rewrite_screen_progress(self, message: Progress) -> None:
         if message.status:
             self._set_status(message.status)
         if message.result is not None:
-            self._finished(message.result)
+            self._finished(message.result, message.parts)
         if message.finished:
             self.running = False
 
@@ -173,6 +190,7 @@ class RewriteScreen(Screen[None]):
             if batch.done is not None and batch.done.reason != "cancelled":
                 self._append("\n\n")  # between parts; the finished rewrite replaces it all
             if batch.error is not None:
+                self.error = batch.error
                 self._set_status(f"error: {batch.error}")  # the worker's next message keeps it
         finally:
             batch.handled()
@@ -184,7 +202,7 @@ class RewriteScreen(Screen[None]):
     def _set_status(self, text: str) -> None:
         self.query_one("#rewrite-status", Static).update(text)
 
-    def _finished(self, review: Review) -> None:
+    def _finished(self, review: Review, parts: tuple[int, int] | None = None) -> None:
         self.review, self.current = review, 0
         self.query_one("#diff-pane").display = True
         self._show_review()
@@ -197,7 +215,12 @@ class RewriteScreen(Screen[None]):
         cut = self.review.cut_short
         taken = (f"all accepted but {'one' if cut == 1 else cut}: the rewrite stopped before the end of the document "
                  f"or of a part, and what it left out is kept (Ctrl+Y on that change drops it)" if cut else "all accepted")
-        self._set_status(f"done: {totals.n_tokens} tokens, {speed} ({self.guesser}, {totals.tokens_per_step:.2f} tok/step). "
+        lead = "done"
+        if parts is not None:
+            done, total = parts
+            lead = (f"{'error: ' + self.error if self.error else 'stopped'} in part {done + 1} of {total}; "
+                    f"the {'part' if done == 1 else f'{done} parts'} before it rewritten, the rest as it was")
+        self._set_status(f"{lead}: {totals.n_tokens} tokens, {speed} ({self.guesser}, {totals.tokens_per_step:.2f} tok/step). "
                          f"{len(self.review.changes)} changes, {taken}: Ctrl+↓/↑ steps through them, Ctrl+Y/"
                          "Ctrl+N accepts/rejects one (Alt+Y/Alt+N all); Ctrl+S saves, Ctrl+W overwrites the original")
 

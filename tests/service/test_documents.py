@@ -13,10 +13,30 @@ def words(text: str) -> int:
 def test_chunks_keep_paragraphs_whole_and_fit():
     paras = [" ".join(f"w{p}_{i}" for i in range(n)) for p, n in enumerate([30, 30, 50, 10, 80])]
     chunks = split_paragraphs("\n\n".join(paras), 70, words).texts
-    assert all(words(c) <= 70 for c in chunks if "w4_" not in c)
-    assert [c for c in chunks if "w4_" in c] == [paras[4]]  # no sentence ends: it stands alone
+    assert all(words(c) <= 70 for c in chunks)  # the longest, with no sentence end, between words
     assert "\n\n".join(chunks).split() == "\n\n".join(paras).split()  # nothing lost, order kept
     assert chunks[0] == "\n\n".join(paras[:2])
+
+
+def test_a_passage_with_no_sentence_end_splits_at_line_ends_then_between_words():
+    """A list, a table or code has no sentence ends: it stood alone, however long, and a rewrite failed on it only once
+    every part before it had been rewritten. Now its lines are split apart, and a line longer than a part between
+    its words."""
+    rows = [f"| row {i} | value {i} | note {i} |" for i in range(40)]  # 9 words a line, 360 in all
+    parts = split_paragraphs("Intro.\n\n" + "\n".join(rows), 50, words)
+    assert all(words(c) <= 50 for c in parts.texts) and len(parts.texts) > 7
+    assert all(c.startswith("| row") and c.endswith("|") for c in parts.texts[1:])  # whole lines
+    assert parts.join(parts.texts) == "Intro.\n\n" + "\n".join(rows)
+    line = " ".join(f"w{i}" for i in range(200))
+    parts = split_paragraphs(line, 50, words)
+    assert [words(c) for c in parts.texts] == [50, 50, 50, 50] and parts.join(parts.texts) == line
+
+
+def test_a_run_with_no_space_longer_than_a_part_is_refused_naming_its_line():
+    text = "A short line.\n\nAnother.\n" + "x" * 400 + "\n\nThe end."
+    with pytest.raises(SpecchatError, match=r"^line 4 has 100 tokens with no space to split them at .*xxxx.* \(50\); "
+                                            r"break it up, or raise --ctx$"):
+        split_paragraphs(text, 50, lambda piece: len(piece) // 4)
 
 
 def test_a_paragraph_longer_than_the_budget_splits_at_sentences():

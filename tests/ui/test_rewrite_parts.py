@@ -11,6 +11,7 @@ import pytest
 from fakes import FakeBackend
 from pilot import make_app, reviewed, until
 
+from specchat.errors import SpecchatError
 from specchat.ui.rewrite import RewriteScreen
 from specchat.ui.widgets import StatsPanel
 
@@ -126,3 +127,76 @@ async def test_the_screen_answers_while_a_long_document_is_read(tmp_path):
         await until(pilot, lambda: not screen.running, "the rewrite to stop")
         assert len(backend.calls) <= 1  # at most the first part asked, and stopped at once
         assert screen.review is None and "stopped" in str(status.render())
+
+
+class Shouts(Echo):
+    """Rewrites each part by shouting its first word; the second part pauses after its first step (for an Esc) or
+    fails there, as a model whose context the part overflows would."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.fail, self.asked = fail, 0
+
+    def chat(self, messages, config, guesser, cancel, think=None) -> Iterator:
+        stream = super().chat(messages, config, guesser, cancel, think)
+        first, rest = self.answer.split(" ", 1)
+        self.answer = first.upper() + " " + rest
+        self.asked += 1
+        if self.asked == 2:
+            if self.fail:
+                return self._fails()
+            self.pause_after = 1
+        return stream
+
+    def _fails(self) -> Iterator:
+        raise SpecchatError("the prompt is too long for the context")
+        yield  # a generator, as the backend's chat is: it fails once read
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["esc", "an error"])
+async def test_a_rewrite_stopped_in_a_later_part_keeps_the_parts_before_it_for_review(tmp_path, fail):
+    """Esc, or a failure, in the second part: the first part's rewrite is reviewed as usual, the rest of the document
+    kept as it was (every part's work was thrown away: minutes on a CPU for a long document)."""
+    original = DOCUMENTS["a blank line"]
+    doc = tmp_path / "notes.md"
+    doc.write_bytes(original)
+    backend = Shouts(fail)
+    app = make_app(tmp_path, backend, rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
+        screen = app.screen
+        await pilot.press("ctrl+r")
+        if not fail:
+            await until(pilot, lambda: backend.paused.is_set(), "the second part's pause")
+            await pilot.press("escape")
+        await until(pilot, lambda: screen.review is not None and not screen.running, "the review")
+        assert backend.asked == 2
+        assert [(c.removed, c.added) for c in screen.review.changes] == [("The", "THE")]  # the first part's alone
+        status = str(screen.query_one("#rewrite-status").render())
+        lead = "error: the prompt is too long for the context in part 2" if fail else "stopped in part 2"
+        assert status.startswith(f"{lead} of 2; the part before it rewritten, the rest as it was: ")
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: (tmp_path / "notes.rewritten.md").exists(), "the save")
+    assert (tmp_path / "notes.rewritten.md").read_bytes() == b"THE" + original[3:]
+
+
+async def test_a_document_that_cannot_be_split_is_refused_before_any_part_is_rewritten(tmp_path):
+    doc = tmp_path / "notes.md"
+    doc.write_text("\n\n".join(PARAGRAPHS) + "\n\n" + "=" * 2000 + "\n")  # one run of 2,000 characters, no space
+    backend = TokensOfFour()
+    app = make_app(tmp_path, backend, rewrite_file=doc)
+    async with app.run_test(size=(140, 40)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
+        screen = app.screen
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: not screen.running, "the refusal")
+        assert backend.calls == [] and screen.review is None
+        assert str(screen.query_one("#rewrite-status").render()).startswith(
+            "error: line 9 has 501 tokens with no space to split them at")
+
+
+class TokensOfFour(Echo):
+    """A word and a token for every four of its characters."""
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split()) + sum(len(word) // 4 for word in text.split())
