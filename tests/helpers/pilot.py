@@ -58,10 +58,15 @@ async def regenerated(pilot, app: SpecchatApp, backend: FakeBackend) -> None:
     await until(pilot, lambda: answered(app) and len(backend.calls) == 2, "the regenerated answer")
 
 
+async def rewriting(pilot, app: SpecchatApp) -> RewriteScreen:
+    """The rewrite screen, once it is open and Ctrl+R was pressed on it."""
+    await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
+    await pilot.press("ctrl+r")
+    return app.screen
+
+
 async def reviewed(pilot, app: SpecchatApp) -> RewriteScreen:
     """The rewrite screen, once Ctrl+R's rewrite is done and its review ready."""
-    await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
-    screen = app.screen
-    await pilot.press("ctrl+r")
+    screen = await rewriting(pilot, app)
     await until(pilot, lambda: screen.review is not None and not screen.running, "the rewrite")
     return screen

@@ -9,10 +9,9 @@ from typing import Iterator, Sequence
 
 import pytest
 from fakes import FakeBackend
-from pilot import make_app, reviewed, until
+from pilot import make_app, reviewed, rewriting, until
 
 from specchat.errors import SpecchatError
-from specchat.ui.rewrite import RewriteScreen
 from specchat.ui.widgets import StatsPanel
 
 SENTENCE = "The quick brown fox jumps over the lazy dog by the quiet river at dawn, {}."
@@ -115,9 +114,7 @@ async def test_the_screen_answers_while_a_long_document_is_read(tmp_path):
     backend = SlowTokenizer()
     app = make_app(tmp_path, backend, rewrite_file=doc)
     async with app.run_test(size=(140, 40)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
-        screen = app.screen
-        await pilot.press("ctrl+r")
+        screen = await rewriting(pilot, app)
         status = screen.query_one("#rewrite-status")
         await until(pilot, lambda: backend.counting.is_set() and "reading the document" in str(status.render()),
                     "the status while counting")
@@ -163,9 +160,7 @@ async def test_a_rewrite_stopped_in_a_later_part_keeps_the_parts_before_it_for_r
     backend = Shouts(fail)
     app = make_app(tmp_path, backend, rewrite_file=doc)
     async with app.run_test(size=(140, 40)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
-        screen = app.screen
-        await pilot.press("ctrl+r")
+        screen = await rewriting(pilot, app)
         if not fail:
             await until(pilot, lambda: backend.paused.is_set(), "the second part's pause")
             await pilot.press("escape")
@@ -186,9 +181,7 @@ async def test_a_document_that_cannot_be_split_is_refused_before_any_part_is_rew
     backend = TokensOfFour()
     app = make_app(tmp_path, backend, rewrite_file=doc)
     async with app.run_test(size=(140, 40)) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, RewriteScreen), "the rewrite screen")
-        screen = app.screen
-        await pilot.press("ctrl+r")
+        screen = await rewriting(pilot, app)
         await until(pilot, lambda: not screen.running, "the refusal")
         assert backend.calls == [] and screen.review is None
         assert str(screen.query_one("#rewrite-status").render()).startswith(
