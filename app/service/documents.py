@@ -65,8 +65,8 @@ class Parts:
 def split_paragraphs(text: str, max_tokens: int, count: Callable[[str], int]) -> Parts:
     """Parts of whole paragraphs, each within max_tokens. A longer paragraph is split at sentence ends, a longer
     sentence at line ends, a longer line between words: a passage with no sentence end (a list, a table, code, a
-    document of one long line) is rewritten in parts like any other, where it stood alone and overflowed the context
-    after the parts before it were rewritten. Each part is the original's text as it is, spacing and all.
+    document of one long line) is rewritten in parts like any other. It used to stand alone, overflow the context, and
+    fail only once every part before it was rewritten. Each part is the original's text as it is, spacing and all.
 
     Each piece is counted once, and a part's size is its pieces' counts and the gaps' between them, summed:
     counting each part anew as it grew tokenized a long document over and over (a 350 KB one: 4.1 s on the
