@@ -297,6 +297,14 @@ class Review:
             segments += [(text, answer), (gap, gap)]
         return cls(parts.join(parts.texts), parts.join(answers), segments)
 
+    def keep_decisions(self, earlier: Review) -> None:
+        """Take an earlier review's decisions on the changes that open this one as they opened it: a rewrite that
+        went on from where it stopped keeps what the user decided on the parts done before."""
+        for n, (then, now) in enumerate(zip(earlier.changes, self.changes)):
+            if then != now:
+                break
+            self.accepted[n] = earlier.accepted[n]
+
     def decide(self, index: int, accept: bool) -> None:
         self.accepted[index] = accept
 

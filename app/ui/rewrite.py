@@ -20,7 +20,7 @@ from specchat.decoding.engine import GenerationConfig
 from specchat.errors import SpecchatError
 from specchat.service.backend import Backend
 from specchat.service.choices import Given, answering
-from specchat.service.documents import PRESETS, Review, open_document, output_path, rewrite_requests, save, unchanged_since
+from specchat.service.documents import PRESETS, Parts, Review, open_document, output_path, rewrite_requests, save, unchanged_since
 from specchat.service.events import Answered
 from specchat.service.settings import Settings
 from specchat.ui.keyline import KeyLine
@@ -71,6 +71,9 @@ class RewriteScreen(Screen[None]):
         self.cancel = threading.Event()
         self.running = False
         self.error: str | None = None  # the rewrite's failure, as the last batch said it
+        # A rewrite stopped before its last part: its instruction, the parts and the rewrites of those done, so that
+        # Ctrl+R with the same instruction goes on from where it stopped.
+        self.unfinished: tuple[str, Parts, list[str]] | None = None
 
     @property
     def result(self) -> str | None:
@@ -119,6 +122,8 @@ class RewriteScreen(Screen[None]):
         instruction = self.instruction()
         if self.running or not instruction:
             return
+        unfinished = self.unfinished if self.unfinished is not None and self.unfinished[0] == instruction else None
+        before, self.unfinished = (self.review if unfinished else None), None
         self.running, self.review, self.error = True, None, None
         self.cancel.clear()
         self.query_one("#result", TextArea).text = ""
@@ -128,7 +133,7 @@ class RewriteScreen(Screen[None]):
         # leaves thinking to the model, so their lines are not said here.
         config = answering(self.settings, self.backend.guessers, self.backend.thinking_switch,
                            Given(guesser=self.guesser)).config
-        self._run(instruction, config)
+        self._run(instruction, config, unfinished[1:] if unfinished else None, before)
 
     class Progress(TMessage):
         """From the rewrite worker, in order with its generation batches (a call_from_thread could
@@ -139,9 +144,13 @@ class RewriteScreen(Screen[None]):
                      parts: tuple[int, int] | None = None) -> None:
             super().__init__()
             self.status, self.result, self.finished, self.parts = status, result, finished, parts
+            self.unfinished: tuple[str, Parts, list[str]] | None = None  # with `parts`: what Ctrl+R goes on from
 
     @work(thread=True, exclusive=True, group="rewrite")
-    def _run(self, instruction: str, config: GenerationConfig) -> None:
+    def _run(self, instruction: str, config: GenerationConfig, resumed: tuple[Parts, list[str]] | None = None,
+             before: Review | None = None) -> None:
+        """Rewrite the document part by part, or go on with `resumed` (its parts, and the rewrites of those done),
+        keeping `before`'s decisions on the parts done."""
         # Cut into parts here, not on the screen's thread: a long document takes a while to tokenize, and the
         # screen stays drawn and answers keys meanwhile.
         self.post_message(self.Progress("reading the document… (Esc stops)"))
@@ -151,9 +160,9 @@ class RewriteScreen(Screen[None]):
         except SpecchatError as e:  # said before any part is rewritten, not after
             self.post_message(self.Progress(f"error: {e}", finished=True))
             return
-        results: list[str] = []
+        results = list(resumed[1]) if resumed is not None and resumed[0] == parts else []
         done: Answered | None = None
-        for n, (messages, part_config) in enumerate(requests, 1):
+        for n, (messages, part_config) in enumerate(requests[len(results):], len(results) + 1):
             self.post_message(self.Progress(f"rewriting part {n} of {len(requests)}… (Esc stops)"))
             done = Pump(self).run(self.backend.chat(messages, part_config, self.guesser, self.cancel))
             if done is None or done.reason == "cancelled":
@@ -162,16 +171,22 @@ class RewriteScreen(Screen[None]):
         if requests and not results:  # a failure's own line stays (its batch said it)
             self.post_message(self.Progress("stopped: nothing was saved" if done else "", finished=True))
             return
-        # Stopped or failed after some parts: those are kept for review, the rest of the document as it was. Minutes
-        # of rewriting on a CPU are not thrown away for one Esc.
-        kept = results + list(parts.texts[len(results):])
-        self.post_message(self.Progress("", Review.of_parts(parts, kept), finished=True,
-                                        parts=(len(results), len(requests)) if len(results) < len(requests) else None))
+        # Stopped or failed after some parts: those are kept for review, the rest of the document as it was, and
+        # Ctrl+R goes on from there. Minutes of rewriting on a CPU are not thrown away for one Esc.
+        review = Review.of_parts(parts, results + list(parts.texts[len(results):]))
+        if before is not None:
+            review.keep_decisions(before)
+        progress = self.Progress("", review, finished=True,
+                                 parts=(len(results), len(requests)) if len(results) < len(requests) else None)
+        if progress.parts is not None:
+            progress.unfinished = (instruction, parts, results)
+        self.post_message(progress)
 
     def on_rewrite_screen_progress(self, message: Progress) -> None:
         if message.status:
             self._set_status(message.status)
         if message.result is not None:
+            self.unfinished = message.unfinished
             self._finished(message.result, message.parts)
         if message.finished:
             self.running = False
@@ -219,7 +234,8 @@ class RewriteScreen(Screen[None]):
         if parts is not None:
             done, total = parts
             lead = (f"{'error: ' + self.error if self.error else 'stopped'} in part {done + 1} of {total}; "
-                    f"the {'part' if done == 1 else f'{done} parts'} before it rewritten, the rest as it was")
+                    f"the {'part' if done == 1 else f'{done} parts'} before it rewritten, the rest as it was "
+                    f"(Ctrl+R goes on from part {done + 1})")
         self._set_status(f"{lead}: {totals.n_tokens} tokens, {speed} ({self.guesser}, {totals.tokens_per_step:.2f} tok/step). "
                          f"{len(self.review.changes)} changes, {taken}: Ctrl+↓/↑ steps through them, Ctrl+Y/"
                          "Ctrl+N accepts/rejects one (Alt+Y/Alt+N all); Ctrl+S saves, Ctrl+W overwrites the original")

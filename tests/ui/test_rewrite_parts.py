@@ -38,6 +38,13 @@ class Echo(FakeBackend):
         return super().chat(messages, config, guesser, cancel, think)
 
 
+def opened(tmp_path, backend: Echo, raw: bytes = DOCUMENTS["a blank line"]):
+    """The app in rewrite mode on notes.md, which holds `raw`."""
+    doc = tmp_path / "notes.md"
+    doc.write_bytes(raw)
+    return make_app(tmp_path, backend, rewrite_file=doc)
+
+
 def parts_sent(backend: Echo) -> Sequence[str]:
     return [messages[-1].content.split("\n\n", 1)[1] for messages, _ in backend.calls]
 
@@ -45,10 +52,8 @@ def parts_sent(backend: Echo) -> Sequence[str]:
 @pytest.mark.parametrize("gap", list(DOCUMENTS))
 async def test_a_rewrite_in_parts_that_changes_nothing_saves_the_original_byte_for_byte(tmp_path, gap):
     original = DOCUMENTS[gap]
-    doc = tmp_path / "notes.md"
-    doc.write_bytes(original)
     backend = Echo()
-    app = make_app(tmp_path, backend, rewrite_file=doc)
+    app = opened(tmp_path, backend, original)
     async with app.run_test(size=(140, 40)) as pilot:
         screen = await reviewed(pilot, app)
         assert len(backend.calls) >= 2 and screen.review.changes == []
@@ -78,10 +83,8 @@ class StopsShort(Echo):
 
 async def test_a_part_whose_answer_stops_short_keeps_its_rest_when_the_rewrite_is_saved_as_written(tmp_path):
     original = DOCUMENTS["a blank line"]
-    doc = tmp_path / "notes.md"
-    doc.write_bytes(original)
     backend = StopsShort()
-    app = make_app(tmp_path, backend, rewrite_file=doc)
+    app = opened(tmp_path, backend, original)
     async with app.run_test(size=(140, 40)) as pilot:
         screen = await reviewed(pilot, app)
         assert len(backend.calls) >= 2 and screen.review.accepted == [False]
@@ -109,10 +112,8 @@ async def test_the_screen_answers_while_a_long_document_is_read(tmp_path):
     """The document is cut into parts on the rewrite's own thread: while its tokens are counted the screen says so
     and takes keys (Esc stops the rewrite: no part is rewritten). Cut on the screen's thread, Ctrl+R froze the app
     until the counting was done (4.1 s for a 350 KB document on the default pair)."""
-    doc = tmp_path / "notes.md"
-    doc.write_bytes(DOCUMENTS["a blank line"])
     backend = SlowTokenizer()
-    app = make_app(tmp_path, backend, rewrite_file=doc)
+    app = opened(tmp_path, backend)
     async with app.run_test(size=(140, 40)) as pilot:
         screen = await rewriting(pilot, app)
         status = screen.query_one("#rewrite-status")
@@ -139,10 +140,9 @@ class Shouts(Echo):
         first, rest = self.answer.split(" ", 1)
         self.answer = first.upper() + " " + rest
         self.asked += 1
-        if self.asked == 2:
-            if self.fail:
-                return self._fails()
-            self.pause_after = 1
+        self.pause_after = 1 if self.asked == 2 else None
+        if self.asked == 2 and self.fail:
+            return self._fails()
         return stream
 
     def _fails(self) -> Iterator:
@@ -155,10 +155,8 @@ async def test_a_rewrite_stopped_in_a_later_part_keeps_the_parts_before_it_for_r
     """Esc, or a failure, in the second part: the first part's rewrite is reviewed as usual, the rest of the document
     kept as it was (every part's work was thrown away: minutes on a CPU for a long document)."""
     original = DOCUMENTS["a blank line"]
-    doc = tmp_path / "notes.md"
-    doc.write_bytes(original)
     backend = Shouts(fail)
-    app = make_app(tmp_path, backend, rewrite_file=doc)
+    app = opened(tmp_path, backend, original)
     async with app.run_test(size=(140, 40)) as pilot:
         screen = await rewriting(pilot, app)
         if not fail:
@@ -169,17 +167,16 @@ async def test_a_rewrite_stopped_in_a_later_part_keeps_the_parts_before_it_for_r
         assert [(c.removed, c.added) for c in screen.review.changes] == [("The", "THE")]  # the first part's alone
         status = str(screen.query_one("#rewrite-status").render())
         lead = "error: the prompt is too long for the context in part 2" if fail else "stopped in part 2"
-        assert status.startswith(f"{lead} of 2; the part before it rewritten, the rest as it was: ")
+        assert status.startswith(f"{lead} of 2; the part before it rewritten, the rest as it was (Ctrl+R goes on "
+                                 "from part 2): ")
         await pilot.press("ctrl+s")
         await until(pilot, lambda: (tmp_path / "notes.rewritten.md").exists(), "the save")
     assert (tmp_path / "notes.rewritten.md").read_bytes() == b"THE" + original[3:]
 
 
 async def test_a_document_that_cannot_be_split_is_refused_before_any_part_is_rewritten(tmp_path):
-    doc = tmp_path / "notes.md"
-    doc.write_text("\n\n".join(PARAGRAPHS) + "\n\n" + "=" * 2000 + "\n")  # one run of 2,000 characters, no space
     backend = TokensOfFour()
-    app = make_app(tmp_path, backend, rewrite_file=doc)
+    app = opened(tmp_path, backend, ("\n\n".join(PARAGRAPHS) + "\n\n" + "=" * 2000 + "\n").encode())  # 2,000 = and no space
     async with app.run_test(size=(140, 40)) as pilot:
         screen = await rewriting(pilot, app)
         await until(pilot, lambda: not screen.running, "the refusal")
@@ -193,3 +190,23 @@ class TokensOfFour(Echo):
 
     def count_tokens(self, text: str) -> int:
         return len(text.split()) + sum(len(word) // 4 for word in text.split())
+
+
+async def test_ctrl_r_goes_on_from_the_part_a_rewrite_stopped_in_and_keeps_the_decisions_made(tmp_path):
+    backend = Shouts()
+    app = opened(tmp_path, backend)
+    async with app.run_test(size=(140, 40)) as pilot:
+        screen = await rewriting(pilot, app)
+        await until(pilot, lambda: backend.paused.is_set(), "the second part's pause")
+        await pilot.press("escape")
+        await until(pilot, lambda: screen.review is not None and not screen.running, "the review of the first part")
+        await pilot.press("ctrl+n")  # its one change rejected
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: screen.review is not None and not screen.running, "the rest of the rewrite")
+        assert backend.asked == 3 and parts_sent(backend)[2] == parts_sent(backend)[1]  # the second part, again
+        assert [(c.removed, c.added) for c in screen.review.changes] == [("The", "THE")] * 2
+        assert screen.review.accepted == [False, True]  # the decision made before going on stays
+        assert str(screen.query_one("#rewrite-status").render()).startswith("done: ")
+        await pilot.press("ctrl+r")  # a finished rewrite starts again from its first part
+        await until(pilot, lambda: backend.asked == 5 and not screen.running, "the rewrite again")
+        assert screen.review.accepted == [True, True]
