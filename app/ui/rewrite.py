@@ -145,6 +145,7 @@ class RewriteScreen(Screen[None]):
             super().__init__()
             self.status, self.result, self.finished, self.parts = status, result, finished, parts
             self.unfinished: tuple[str, Parts, list[str]] | None = None  # with `parts`: what Ctrl+R goes on from
+            self.resumed = False  # the result went on from a stopped rewrite, with the decisions made on it
 
     @work(thread=True, exclusive=True, group="rewrite")
     def _run(self, instruction: str, config: GenerationConfig, resumed: tuple[Parts, list[str]] | None = None,
@@ -180,6 +181,7 @@ class RewriteScreen(Screen[None]):
                                  parts=(len(results), len(requests)) if len(results) < len(requests) else None)
         if progress.parts is not None:
             progress.unfinished = (instruction, parts, results)
+        progress.resumed = before is not None
         self.post_message(progress)
 
     def on_rewrite_screen_progress(self, message: Progress) -> None:
@@ -187,7 +189,7 @@ class RewriteScreen(Screen[None]):
             self._set_status(message.status)
         if message.result is not None:
             self.unfinished = message.unfinished
-            self._finished(message.result, message.parts)
+            self._finished(message.result, message.parts, message.resumed)
         if message.finished:
             self.running = False
 
@@ -217,7 +219,7 @@ class RewriteScreen(Screen[None]):
     def _set_status(self, text: str) -> None:
         self.query_one("#rewrite-status", Static).update(text)
 
-    def _finished(self, review: Review, parts: tuple[int, int] | None = None) -> None:
+    def _finished(self, review: Review, parts: tuple[int, int] | None = None, resumed: bool = False) -> None:
         self.review, self.current = review, 0
         self.query_one("#diff-pane").display = True
         self._show_review()
@@ -227,9 +229,13 @@ class RewriteScreen(Screen[None]):
             " (uncertain: the machine was busy)" if busy else "")
         # Where the rewrite stopped short of the document's end (or a part's), the change that drops the rest starts
         # rejected: the status says why.
-        cut = self.review.cut_short
-        taken = (f"all accepted but {'one' if cut == 1 else cut}: the rewrite stopped before the end of the document "
-                 f"or of a part, and what it left out is kept (Ctrl+Y on that change drops it)" if cut else "all accepted")
+        cut, rejected = self.review.cut_short, self.review.accepted.count(False)
+        taken = f"all accepted but {'one' if rejected == 1 else rejected}" if rejected else "all accepted"
+        if cut:
+            taken += (": the rewrite stopped before the end of the document or of a part, and what it left out is kept "
+                      "(Ctrl+Y on that change drops it)")
+        if resumed:
+            taken += (", and" if cut else ":") + " what you decided on the parts before Ctrl+R went on is kept"
         lead = "done"
         if parts is not None:
             done, total = parts

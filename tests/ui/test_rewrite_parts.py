@@ -206,7 +206,9 @@ async def test_ctrl_r_goes_on_from_the_part_a_rewrite_stopped_in_and_keeps_the_d
         assert backend.asked == 3 and parts_sent(backend)[2] == parts_sent(backend)[1]  # the second part, again
         assert [(c.removed, c.added) for c in screen.review.changes] == [("The", "THE")] * 2
         assert screen.review.accepted == [False, True]  # the decision made before going on stays
-        assert str(screen.query_one("#rewrite-status").render()).startswith("done: ")
+        status = str(screen.query_one("#rewrite-status").render())
+        assert status.startswith("done: ") and "2 changes, all accepted but one: what you decided on the parts before " \
+            "Ctrl+R went on is kept" in status
         await pilot.press("ctrl+r")  # a finished rewrite starts again from its first part
         await until(pilot, lambda: backend.asked == 5 and not screen.running, "the rewrite again")
         assert screen.review.accepted == [True, True]
