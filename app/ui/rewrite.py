@@ -137,15 +137,15 @@ class RewriteScreen(Screen[None]):
 
     class Progress(TMessage):
         """From the rewrite worker, in order with its generation batches (a call_from_thread could
-        overtake batches still queued): a status line, and at the end the review of the rewrite, or None; `parts`
-        (rewritten, in all) where it ended before the last part."""
+        overtake batches still queued): a status line, and at the end the review of the rewrite, or None; with it,
+        where it ended before the last part, what Ctrl+R goes on from (`unfinished`), and whether it went on from a
+        stopped rewrite, with the decisions made on it (`resumed`)."""
 
         def __init__(self, status: str, result: Review | None = None, finished: bool = False,
-                     parts: tuple[int, int] | None = None) -> None:
+                     unfinished: tuple[str, Parts, list[str]] | None = None, resumed: bool = False) -> None:
             super().__init__()
-            self.status, self.result, self.finished, self.parts = status, result, finished, parts
-            self.unfinished: tuple[str, Parts, list[str]] | None = None  # with `parts`: what Ctrl+R goes on from
-            self.resumed = False  # the result went on from a stopped rewrite, with the decisions made on it
+            self.status, self.result, self.finished = status, result, finished
+            self.unfinished, self.resumed = unfinished, resumed
 
     @work(thread=True, exclusive=True, group="rewrite")
     def _run(self, instruction: str, config: GenerationConfig, resumed: tuple[Parts, list[str]] | None = None,
@@ -177,19 +177,15 @@ class RewriteScreen(Screen[None]):
         review = Review.of_parts(parts, results + list(parts.texts[len(results):]))
         if before is not None:
             review.keep_decisions(before)
-        progress = self.Progress("", review, finished=True,
-                                 parts=(len(results), len(requests)) if len(results) < len(requests) else None)
-        if progress.parts is not None:
-            progress.unfinished = (instruction, parts, results)
-        progress.resumed = before is not None
-        self.post_message(progress)
+        unfinished = (instruction, parts, results) if len(results) < len(requests) else None
+        self.post_message(self.Progress("", review, finished=True, unfinished=unfinished, resumed=before is not None))
 
     def on_rewrite_screen_progress(self, message: Progress) -> None:
         if message.status:
             self._set_status(message.status)
         if message.result is not None:
             self.unfinished = message.unfinished
-            self._finished(message.result, message.parts, message.resumed)
+            self._finished(message.result, message.resumed)
         if message.finished:
             self.running = False
 
@@ -219,7 +215,7 @@ class RewriteScreen(Screen[None]):
     def _set_status(self, text: str) -> None:
         self.query_one("#rewrite-status", Static).update(text)
 
-    def _finished(self, review: Review, parts: tuple[int, int] | None = None, resumed: bool = False) -> None:
+    def _finished(self, review: Review, resumed: bool = False) -> None:
         self.review, self.current = review, 0
         self.query_one("#diff-pane").display = True
         self._show_review()
@@ -237,8 +233,8 @@ class RewriteScreen(Screen[None]):
         if resumed:
             taken += (", and" if cut else ":") + " what you decided on the parts before Ctrl+R went on is kept"
         lead = "done"
-        if parts is not None:
-            done, total = parts
+        if self.unfinished is not None:
+            done, total = len(self.unfinished[2]), len(self.unfinished[1].texts)
             lead = (f"{'error: ' + self.error if self.error else 'stopped'} in part {done + 1} of {total}; "
                     f"the {'part' if done == 1 else f'{done} parts'} before it rewritten, the rest as it was "
                     f"(Ctrl+R goes on from part {done + 1})")
